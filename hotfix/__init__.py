@@ -1,0 +1,39 @@
+"""hotfix: in-place repairs for gradient checkpointing on the library versions that broke it.
+
+``import hotfix`` activates it (unless ``HOTFIX_DISABLE`` is set); so does the
+``.pth`` file installed beside it, on the first import of transformers,
+unsloth or unsloth_zoo.  See README.md for the fixes and the opt-outs.
+"""
+
+from __future__ import annotations
+
+from typing import List
+
+from hotfix.patch import Patch, Verdict
+from hotfix.registry import ENTRY_POINT_GROUP, registry
+
+__all__ = ["Patch", "Verdict", "activate", "revert", "patches", "ENTRY_POINT_GROUP", "__version__"]
+__version__ = "0.1.0"
+
+
+def activate() -> bool:
+    """Attach every patch (idempotent).  False when disabled by the environment."""
+    return registry.activate()
+
+
+def revert() -> List[str]:
+    """Undo every applied patch, restoring the original objects; returns their names."""
+    return registry.revert()
+
+
+def patches():
+    """Known patches by name."""
+    return dict(registry.patches())
+
+
+try:
+    activate()
+except Exception as exc:  # never let hotfix break the user's import
+    import logging
+
+    logging.getLogger("hotfix").warning("hotfix: activation failed, continuing without it: %r", exc)

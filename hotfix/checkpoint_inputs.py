@@ -1,0 +1,126 @@
+"""Make every tensor that needs a gradient a real input of a checkpoint call.
+
+Why this exists
+---------------
+Reentrant checkpointing (``torch.utils.checkpoint`` with ``use_reentrant=True``,
+and unsloth's ``UnslothCheckpointFunction``) is an ``autograd.Function``: only
+the tensors passed to it *positionally* are inputs of the graph node it makes.
+transformers (4.53 and later) calls it as::
+
+    self._gradient_checkpointing_func(partial(layer_call, **kwargs), *args)
+
+so a tensor that arrives as a keyword (Whisper's ``encoder_hidden_states=``,
+WavLM's ``position_bias=``, DeBERTa-v2's ``rel_embeddings=``) is hidden inside
+the ``partial``.  During backward the recomputation then reaches that tensor's
+*whole history* through the closure, once per layer: the second layer finds the
+encoder graph already freed ("Trying to backward through the graph a second
+time"), or, where nothing is freed, the history is walked again and again.
+
+``lift_closure_tensors`` rewrites such a call so that those tensors travel as
+extra positional inputs and are put back in place inside the recomputation.
+The checkpoint function then returns their gradients exactly once, like any
+other input.  Nothing else about the call changes.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, List, Optional, Sequence, Tuple
+
+import torch
+
+__all__ = ["lift_closure_tensors", "find_grad_tensors"]
+
+
+def _needs_grad(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and value.requires_grad
+
+
+def find_grad_tensors(value: Any, found: List[torch.Tensor], seen: set) -> None:
+    """Collect tensors that require grad in ``value`` (tensors, tuples, lists, dicts).
+
+    Each tensor is collected once (by identity) even when it occurs several times.
+    """
+    if _needs_grad(value):
+        if id(value) not in seen:
+            seen.add(id(value))
+            found.append(value)
+    elif isinstance(value, (tuple, list)):
+        for item in value:
+            find_grad_tensors(item, found, seen)
+    elif isinstance(value, dict):
+        for item in value.values():
+            find_grad_tensors(item, found, seen)
+
+
+def _substitute(value: Any, replacement: dict) -> Any:
+    """Rebuild ``value`` with each lifted tensor swapped for its recomputation twin.
+
+    Containers are rebuilt with their own type, so named tuples and dict
+    subclasses (``ModelOutput``-like) keep their class.
+    """
+    if isinstance(value, torch.Tensor):
+        return replacement.get(id(value), value)
+    if isinstance(value, tuple):
+        items = [_substitute(item, replacement) for item in value]
+        if hasattr(value, "_fields"):  # named tuple: positional constructor
+            return type(value)(*items)
+        return type(value)(items)
+    if isinstance(value, list):
+        return type(value)(_substitute(item, replacement) for item in value)
+    if isinstance(value, dict):
+        rebuilt = {key: _substitute(item, replacement) for key, item in value.items()}
+        if type(value) is dict:
+            return rebuilt
+        try:
+            return type(value)(rebuilt)
+        except Exception:  # a dict subclass with its own constructor: keep a plain dict
+            return rebuilt
+    return value
+
+
+def lift_closure_tensors(
+    function: Callable, args: Sequence[Any]
+) -> Optional[Tuple[Callable, Tuple[Any, ...]]]:
+    """Return ``(new_function, new_args)`` with closure tensors lifted, or ``None``.
+
+    ``function`` is what the checkpoint function receives as its first argument.
+    Only ``functools.partial`` objects are rewritten, since that is how
+    transformers binds keywords; their bound positional arguments and keywords
+    are both searched.  ``None`` means there is nothing to lift and the caller
+    should make the original call unchanged.
+    """
+    if not isinstance(function, functools.partial):
+        return None
+    found: List[torch.Tensor] = []
+    find_grad_tensors(function.args, found, set())
+    find_grad_tensors(function.keywords, found, set())
+    if not found:
+        return None
+
+    # A closure tensor that is also passed positionally is already an input:
+    # it is swapped for that input's recomputation twin instead of lifted again.
+    positional_slot = {id(arg): i for i, arg in enumerate(args) if isinstance(arg, torch.Tensor)}
+    n_args = len(args)
+    lifted: List[torch.Tensor] = []
+    slots = {}  # id(closure tensor) -> index of its twin among the checkpoint inputs
+    for tensor in found:
+        if id(tensor) in positional_slot:
+            slots[id(tensor)] = positional_slot[id(tensor)]
+        else:
+            slots[id(tensor)] = n_args + len(lifted)
+            lifted.append(tensor)
+
+    target = function.func
+    bound_args = function.args
+    bound_keywords = function.keywords
+
+    def run_with_lifted_inputs(*all_args):
+        # The checkpoint function hands back (detached, during recomputation)
+        # versions of every input; map the originals' identities onto them.
+        replacement = {key: all_args[slot] for key, slot in slots.items()}
+        call_args = _substitute(bound_args, replacement) + tuple(all_args[:n_args])
+        call_keywords = _substitute(bound_keywords, replacement)
+        return target(*call_args, **call_keywords)
+
+    return run_with_lifted_inputs, tuple(args) + tuple(lifted)

@@ -1,0 +1,105 @@
+"""Compare a model's parameter gradients between two runs.
+
+Used by ``hotfix doctor`` and the tests to prove a checkpointed run gives the
+gradients of a run without checkpointing.
+
+Why the error is not plain per-parameter relative error: some gradients are
+zero in exact arithmetic (an attention key bias, for one: softmax is invariant
+to adding a constant per query) and hold only rounding noise, so their
+relative error is noise divided by noise.  Each parameter's error is therefore
+measured against ``max(|g_ref|, floor * |G_ref|)``, the larger of its own
+gradient norm and a small fraction of the whole model's gradient norm.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+import torch
+
+#: default tolerance by dtype: recomputation repeats the same kernels, so fp32
+#: agrees to rounding; half precisions get their own epsilon-scaled bounds.
+TOLERANCE_BY_DTYPE = {
+    torch.float64: 1e-10,
+    torch.float32: 1e-6,
+    torch.bfloat16: 2e-2,
+    torch.float16: 2e-3,
+}
+FLOOR = 1e-3
+
+
+def collect_grads(model: torch.nn.Module) -> Dict[str, Optional[torch.Tensor]]:
+    """name -> detached copy of .grad (None where no gradient arrived), trainable params only."""
+    return {
+        name: (None if p.grad is None else p.grad.detach().clone())
+        for name, p in model.named_parameters()
+        if p.requires_grad
+    }
+
+
+def tolerance_for(dtype: torch.dtype) -> float:
+    return TOLERANCE_BY_DTYPE.get(dtype, 1e-6)
+
+
+@dataclass
+class GradReport:
+    equal: List[str] = field(default_factory=list)
+    missing: List[str] = field(default_factory=list)  # reference has a gradient, candidate none
+    unexpected: List[str] = field(default_factory=list)  # candidate has one, reference none
+    wrong: List[Tuple[str, float]] = field(default_factory=list)
+    max_error: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not (self.missing or self.unexpected or self.wrong)
+
+    @property
+    def total(self) -> int:
+        return len(self.equal) + len(self.missing) + len(self.unexpected) + len(self.wrong)
+
+    def summary(self) -> str:
+        text = f"{len(self.equal)}/{self.total} parameter gradients equal (max rel. error {self.max_error:.1e})"
+        if self.missing:
+            text += f"; {len(self.missing)} missing (e.g. {self.missing[0]})"
+        if self.wrong:
+            text += f"; {len(self.wrong)} wrong (e.g. {self.wrong[0][0]}: {self.wrong[0][1]:.1e})"
+        if self.unexpected:
+            text += f"; {len(self.unexpected)} unexpected (e.g. {self.unexpected[0]})"
+        return text
+
+
+def compare_grads(
+    reference: Dict[str, Optional[torch.Tensor]],
+    candidate: Dict[str, Optional[torch.Tensor]],
+    rtol: Optional[float] = None,
+    floor: float = FLOOR,
+) -> GradReport:
+    """Classify every parameter as equal / missing / unexpected / wrong."""
+    report = GradReport()
+    total_sq = sum(float(g.double().pow(2).sum()) for g in reference.values() if g is not None)
+    scale_all = math.sqrt(total_sq)
+    for name, ref in reference.items():
+        got = candidate.get(name)
+        if ref is None:
+            if got is not None and bool(got.abs().max() > 0):
+                report.unexpected.append(name)
+            else:
+                report.equal.append(name)
+            continue
+        if got is None:
+            if float(ref.abs().max()) == 0.0:
+                report.equal.append(name)  # a zero gradient and no gradient are the same step
+            else:
+                report.missing.append(name)
+            continue
+        tol = rtol if rtol is not None else tolerance_for(ref.dtype)
+        denom = max(float(ref.double().norm()), floor * scale_all, 1e-30)
+        error = float((got.double() - ref.double()).norm()) / denom
+        report.max_error = max(report.max_error, error)
+        if error <= tol:
+            report.equal.append(name)
+        else:
+            report.wrong.append((name, error))
+    return report

@@ -1,0 +1,182 @@
+"""The contract every fix follows, and the checks that surround it.
+
+A concrete fix (one module in ``patches/``) subclasses :class:`Patch`, fills in
+the declarations and writes only ``_apply(module)``.  It changes its target
+through :meth:`Patch.replace` / :meth:`Patch.wrap`, which record the original
+object so that the default ``_revert()`` puts back exactly what was there
+(``is``-identical).  The public :meth:`apply` / :meth:`revert` own everything
+else, as OpenTelemetry's ``BaseInstrumentor`` does: version gate, drift check,
+"already applied", and turning any failure into one log line instead of an
+exception in the user's program.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+
+import wrapt
+
+from hotfix.versions import installed_version, version_in_range
+
+logger = logging.getLogger("hotfix")
+
+_ABSENT = object()  # marks an attribute the owner did not define itself
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Whether a patch belongs on this machine, and the sentence saying why."""
+
+    applies: bool
+    reason: str
+
+
+class Patch:
+    """One fix: what it targets, where it is needed, and how to apply it."""
+
+    #: short, stable, dash-separated; used by HOTFIX_DISABLED_PATCHES
+    name: str = ""
+    #: modules whose import triggers ``_apply(module)`` (once per module)
+    targets: Tuple[str, ...] = ()
+    #: distribution -> PEP 440 specifier set; every entry must match
+    affected: Mapping[str, str] = {}
+    #: one line a user would recognise (the error text they search for)
+    symptom: str = ""
+    #: upstream issue / PR that introduced or tracks the bug
+    upstream: str = ""
+    #: first upstream release with the fix, or None when there is none
+    fixed_in: Optional[str] = None
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._applied_targets: List[str] = []
+        self._undo: List[Tuple[Any, str, Any]] = []
+        self.last_error: Optional[str] = None
+
+    # -- what a concrete patch writes ------------------------------------
+    def _apply(self, module: Any) -> None:
+        raise NotImplementedError
+
+    def _revert(self) -> None:
+        """Undo every recorded replacement, newest first."""
+        while self._undo:
+            owner, attribute, original = self._undo.pop()
+            if original is _ABSENT:
+                try:
+                    delattr(owner, attribute)
+                except AttributeError:
+                    pass
+            else:
+                setattr(owner, attribute, original)
+
+    def drift(self, module: Any) -> Optional[str]:
+        """Why ``module`` no longer looks like what this patch was written for.
+
+        Returns None when the target matches.  Override to check the symbols
+        and shapes ``_apply`` relies on.
+        """
+        return None
+
+    # -- tools for ``_apply`` --------------------------------------------
+    def replace(self, owner: Any, attribute: str, new: Any) -> Any:
+        """Set ``owner.attribute = new``, remembering what to restore."""
+        original = owner.__dict__.get(attribute, _ABSENT) if hasattr(owner, "__dict__") else _ABSENT
+        setattr(owner, attribute, new)
+        self._undo.append((owner, attribute, original))
+        return new
+
+    def wrap(self, owner: Any, attribute: str, wrapper: Callable) -> Any:
+        """Wrap ``owner.attribute`` with a wrapt ``FunctionWrapper``."""
+        original = getattr(owner, attribute)
+        return self.replace(owner, attribute, wrapt.FunctionWrapper(original, wrapper))
+
+    # -- public API (owns the checks) -----------------------------------
+    def versions(self) -> Dict[str, Optional[str]]:
+        return {dist: installed_version(dist) for dist in self.affected}
+
+    def check(self) -> Verdict:
+        """Does this patch belong here?  Decided from installed versions only."""
+        parts = []
+        for dist, spec in self.affected.items():
+            version = installed_version(dist)
+            if version is None:
+                return Verdict(False, f"{dist} is not installed")
+            inside = version_in_range(version, spec)
+            if inside is None:
+                return Verdict(False, f"{dist} version {version!r} cannot be compared with {spec!r}")
+            if not inside:
+                return Verdict(False, f"{dist} {version} is outside the affected range {spec}")
+            parts.append(f"{dist} {version} is in the affected range {spec}")
+        return Verdict(True, "; ".join(parts) or "no version constraint")
+
+    @property
+    def applied(self) -> bool:
+        return bool(self._applied_targets)
+
+    @property
+    def applied_targets(self) -> Tuple[str, ...]:
+        return tuple(self._applied_targets)
+
+    def apply(self, module: Any) -> bool:
+        """Apply to the freshly imported ``module`` if it belongs; never raises."""
+        name = getattr(module, "__name__", repr(module))
+        with self._lock:
+            if name in self._applied_targets:
+                return True
+            verdict = self.check()
+            if not verdict.applies:
+                logger.debug("hotfix: %s not applied: %s", self.name, verdict.reason)
+                return False
+            try:
+                reason = self.drift(module)
+            except Exception as exc:  # a drift check that breaks is drift too
+                reason = f"drift check failed: {exc!r}"
+            if reason:
+                self.last_error = f"skipped, target changed: {reason}"
+                logger.warning("hotfix: patch %s skipped: %s doesn't match: %s", self.name, name, reason)
+                return False
+            undo_mark = len(self._undo)
+            try:
+                self._apply(module)
+            except Exception as exc:
+                self._rollback_to(undo_mark)
+                self.last_error = f"apply failed: {exc!r}"
+                logger.warning("hotfix: patch %s failed to apply to %s and was skipped: %r", self.name, name, exc)
+                return False
+            self._applied_targets.append(name)
+            self.last_error = None
+            logger.info("hotfix: applied %s to %s (%s)", self.name, name, verdict.reason)
+            return True
+
+    def revert(self) -> bool:
+        """Restore every original object; never raises.  True if anything was undone."""
+        with self._lock:
+            if not self._applied_targets and not self._undo:
+                return False
+            try:
+                self._revert()
+            except Exception as exc:
+                self.last_error = f"revert failed: {exc!r}"
+                logger.warning("hotfix: patch %s failed to revert: %r", self.name, exc)
+                return False
+            self._applied_targets.clear()
+            logger.info("hotfix: reverted %s", self.name)
+            return True
+
+    def _rollback_to(self, mark: int) -> None:
+        """Undo what a failed ``_apply`` managed to change before it raised."""
+        newer = self._undo[mark:]
+        del self._undo[mark:]
+        saved, self._undo = self._undo, newer
+        try:
+            Patch._revert(self)
+        except Exception:
+            pass
+        finally:
+            self._undo = saved
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r} applied={self.applied}>"

@@ -1,0 +1,155 @@
+"""Which patches exist, and attaching them to their targets' imports.
+
+Patches are discovered through the ``hotfix.patches`` entry-point group, so a
+third-party package can ship its own fixes by declaring, in its pyproject::
+
+    [project.entry-points."hotfix.patches"]
+    my-fix = "my_pkg.my_fix:patch"        # a Patch instance (or a Patch subclass)
+
+Each patch is attached with a wrapt post-import hook on every module in its
+``targets``: the hook runs at once if the module is already imported (a
+notebook that imported transformers before hotfix) and otherwise right after
+the module's first import.  wrapt cannot unregister a hook, so the hook asks
+the registry whether it is still active before applying.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from importlib import metadata
+from typing import Dict, List, Optional
+
+import wrapt
+
+from hotfix.config import DISABLED_PATCHES_VAR, Settings, normalize_patch_name, read_settings
+from hotfix.patch import Patch
+
+logger = logging.getLogger("hotfix")
+
+ENTRY_POINT_GROUP = "hotfix.patches"
+
+# Used only when hotfix runs from a source checkout without installed metadata
+# (no entry points to read); an installed hotfix always goes through the group.
+_BUILTIN_ENTRY_POINTS = {
+    "transformers-keyword-tensors": "hotfix.patches.transformers_keyword_tensors:patch",
+}
+
+
+def _load_entry_point(name: str, value: str) -> Optional[Patch]:
+    loaded = metadata.EntryPoint(name=name, value=value, group=ENTRY_POINT_GROUP).load()
+    patch = loaded() if isinstance(loaded, type) else loaded
+    if not isinstance(patch, Patch):
+        raise TypeError(f"{value} is a {type(patch).__name__}, not a hotfix.Patch")
+    if not patch.name:
+        raise TypeError(f"{value} has no name")
+    return patch
+
+
+class Registry:
+    """The one registry of a process: discovery, activation state, opt-outs."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._patches: Optional[Dict[str, Patch]] = None
+        self._hooked: set = set()
+        self.active = False
+        self.settings = Settings()
+        self.load_errors: Dict[str, str] = {}
+
+    # -- discovery ----------------------------------------------------------
+    def _entry_points(self) -> Dict[str, str]:
+        try:
+            found = {ep.name: ep.value for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)}
+        except Exception as exc:
+            logger.warning("hotfix: could not read entry points of %s: %r", ENTRY_POINT_GROUP, exc)
+            found = {}
+        if not any(value.startswith("hotfix.patches.") for value in found.values()):
+            for name, value in _BUILTIN_ENTRY_POINTS.items():
+                found.setdefault(name, value)
+        return found
+
+    def patches(self) -> Dict[str, Patch]:
+        """All loadable patches by name (discovered once per process)."""
+        with self._lock:
+            if self._patches is None:
+                patches: Dict[str, Patch] = {}
+                for ep_name, value in sorted(self._entry_points().items()):
+                    try:
+                        patch = _load_entry_point(ep_name, value)
+                    except Exception as exc:
+                        self.load_errors[ep_name] = repr(exc)
+                        logger.warning(
+                            "hotfix: plugin patch %r (%s) could not be loaded and is skipped: %r",
+                            ep_name, value, exc,
+                        )
+                        continue
+                    key = normalize_patch_name(patch.name)
+                    if key in patches:
+                        logger.warning("hotfix: two patches are named %r; keeping the first (%s)", key, value)
+                        continue
+                    patches[key] = patch
+                self._patches = patches
+            return self._patches
+
+    # -- activation ---------------------------------------------------------
+    def is_opted_out(self, patch: Patch) -> bool:
+        return normalize_patch_name(patch.name) in self.settings.disabled_patches
+
+    def activate(self) -> bool:
+        """Attach every patch not opted out; a second call is a no-op."""
+        with self._lock:
+            if self.active:
+                return True
+            self.settings = read_settings()
+            if self.settings.disabled:
+                logger.info("hotfix: disabled by environment; no patch attached")
+                return False
+            patches = self.patches()
+            unknown = sorted(self.settings.disabled_patches - set(patches))
+            if unknown:
+                logger.warning(
+                    "hotfix: %s names unknown patch(es) %s; known patches: %s",
+                    DISABLED_PATCHES_VAR, ", ".join(unknown), ", ".join(sorted(patches)) or "none",
+                )
+            self.active = True
+            for key, patch in patches.items():
+                if self.is_opted_out(patch):
+                    logger.info("hotfix: %s opted out by %s", patch.name, DISABLED_PATCHES_VAR)
+                    continue
+                for target in patch.targets:
+                    self._attach(key, patch, target)
+            return True
+
+    def _attach(self, key: str, patch: Patch, target: str) -> None:
+        import sys
+
+        if (key, target) in self._hooked:
+            # The hook already exists (activate after revert): apply now if
+            # the module is loaded, otherwise the waiting hook will.
+            module = sys.modules.get(target)
+            if module is not None:
+                self._on_import(patch, module)
+            return
+        self._hooked.add((key, target))
+
+        def hook(module, patch=patch):
+            self._on_import(patch, module)
+
+        try:
+            wrapt.register_post_import_hook(hook, target)
+        except Exception as exc:  # e.g. the target raised while importing
+            logger.warning("hotfix: could not attach %s to %s: %r", patch.name, target, exc)
+
+    def _on_import(self, patch: Patch, module) -> None:
+        if self.active and not self.is_opted_out(patch):
+            patch.apply(module)
+
+    def revert(self) -> List[str]:
+        """Undo every applied patch and stop applying new ones."""
+        with self._lock:
+            self.active = False
+            return [p.name for p in (self._patches or {}).values() if p.revert()]
+
+
+registry = Registry()

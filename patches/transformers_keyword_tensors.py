@@ -1,0 +1,152 @@
+"""transformers >= 4.53: tensors passed by keyword to a checkpointed layer lose their gradient path.
+
+What breaks
+-----------
+From 4.53 (PR 38913) every model layer subclasses
+``transformers.modeling_layers.GradientCheckpointingLayer``, which, while
+checkpointing and training, calls::
+
+    self._gradient_checkpointing_func(partial(<layer call>, **kwargs), *args)
+
+Only ``args`` become inputs of the checkpoint.  A keyword tensor that requires
+grad (Whisper decoder's ``encoder_hidden_states=``, WavLM's ``position_bias=``,
+DeBERTa-v2's ``rel_embeddings=``) sits in the closure; with reentrant
+checkpointing (the 4.x default) each layer's backward re-walks its history:
+"RuntimeError: Trying to backward through the graph a second time", unbounded
+memory (WavLM), or parameters that silently get no gradient (LayoutLM,
+Whisper with frozen decoder embeddings).  In 5.x the call moved into a
+per-class ``forward_with_checkpointing`` made by ``__init_subclass__``; the
+``partial(..., **kwargs)`` call is the same, so the same fix covers both.
+
+How this patch fixes it
+-----------------------
+Both shapes read ``self._gradient_checkpointing_func`` at call time.  We put a
+data descriptor of that name on ``GradientCheckpointingLayer``: the function
+that transformers (or unsloth, or PEFT) stores on each layer stays in the
+layer's ``__dict__`` untouched, and reading it returns that same function
+wrapped (wrapt ``FunctionWrapper``) so that closure tensors needing grad are
+lifted into real checkpoint inputs (``hotfix.checkpoint_inputs``).  Because a
+data descriptor on the class wins over the instance dict, layers built before
+hotfix was imported are fixed too, whatever checkpoint function they hold.
+The wrapper only runs where transformers already decided to checkpoint
+(``gradient_checkpointing and training``); with nothing to lift it makes the
+original call unchanged.  Reverting deletes the descriptor: every layer sees
+its original function again.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any, Optional
+
+import wrapt
+
+from hotfix.checkpoint_inputs import lift_closure_tensors
+from hotfix.patch import Patch
+
+ATTRIBUTE = "_gradient_checkpointing_func"
+
+
+def _checkpoint_with_lifted_inputs(wrapped, instance, args, kwargs):
+    """wrapt wrapper around a layer's checkpoint function."""
+    if args:
+        lifted = lift_closure_tensors(args[0], args[1:])
+        if lifted is not None:
+            function, inputs = lifted
+            return wrapped(function, *inputs, **kwargs)
+    return wrapped(*args, **kwargs)
+
+
+class LiftingCheckpointFunction:
+    """Data descriptor standing in for ``layer._gradient_checkpointing_func``.
+
+    Storage stays in the instance ``__dict__`` under the same name, so the
+    layer's state is exactly what it would be without hotfix.
+    """
+
+    def __init__(self) -> None:
+        # Every layer of a model holds the same checkpoint function object, so
+        # one cached (function, wrapper) pair serves them all.
+        self._cache: tuple = (None, None)
+
+    def __get__(self, instance: Any, owner: Optional[type] = None) -> Any:
+        if instance is None:
+            return self
+        try:
+            raw = instance.__dict__[ATTRIBUTE]
+        except KeyError:
+            raise AttributeError(ATTRIBUTE) from None
+        if raw is None:
+            return None
+        cached_raw, cached_wrapper = self._cache
+        if cached_raw is raw:
+            return cached_wrapper
+        wrapper = wrapt.FunctionWrapper(raw, _checkpoint_with_lifted_inputs)
+        self._cache = (raw, wrapper)
+        return wrapper
+
+    def __set__(self, instance: Any, value: Any) -> None:
+        instance.__dict__[ATTRIBUTE] = value
+
+    def __delete__(self, instance: Any) -> None:
+        try:
+            del instance.__dict__[ATTRIBUTE]
+        except KeyError:
+            raise AttributeError(ATTRIBUTE) from None
+
+
+def _code_objects(function: Any):
+    """The code of ``function`` and every code object nested in it."""
+    function = getattr(function, "__func__", function)
+    code = getattr(function, "__code__", None)
+    stack = [code] if code is not None else []
+    while stack:
+        code = stack.pop()
+        yield code
+        stack.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
+
+
+def calls_checkpoint_with_partial(layer_class: type) -> bool:
+    """Does the layer class read ``_gradient_checkpointing_func`` next to ``partial``?
+
+    True for 4.53-4.57 (``__call__``) and 5.x (``__init_subclass__`` ->
+    ``forward_with_checkpointing``).  False means upstream rewrote the call
+    and this patch's assumptions no longer hold.
+    """
+    for attribute in ("__call__", "__init_subclass__", "forward"):
+        for code in _code_objects(layer_class.__dict__.get(attribute)):
+            if ATTRIBUTE in code.co_names and "partial" in code.co_names:
+                return True
+    return False
+
+
+class TransformersKeywordTensors(Patch):
+    name = "transformers-keyword-tensors"
+    targets = ("transformers.modeling_layers",)
+    affected = {"transformers": ">=4.53.0"}
+    symptom = (
+        "RuntimeError: Trying to backward through the graph a second time - Whisper training "
+        "with gradient checkpointing (decoder gets encoder_hidden_states= by keyword)"
+    )
+    details = (
+        "Any GradientCheckpointingLayer given a grad-requiring tensor by keyword under reentrant "
+        "checkpointing: Whisper (crash; frozen decoder embeddings: silent missing grads), "
+        "DeBERTa-v2 rel_embeddings= (crash), WavLM position_bias= (memory grows without bound), "
+        "LayoutLM (silent missing grads), third-party layers. The tensors become checkpoint inputs."
+    )
+    upstream = "huggingface/transformers#38913 (GradientCheckpointingLayer, first in 4.53.0)"
+    fixed_in = None  # no release fixes the general case as of 5.23.0
+
+    def drift(self, module: Any) -> Optional[str]:
+        layer = getattr(module, "GradientCheckpointingLayer", None)
+        if not isinstance(layer, type):
+            return "GradientCheckpointingLayer is missing"
+        if not calls_checkpoint_with_partial(layer):
+            return "GradientCheckpointingLayer no longer calls self._gradient_checkpointing_func(partial(...), *args)"
+        return None
+
+    def _apply(self, module: Any) -> None:
+        self.replace(module.GradientCheckpointingLayer, ATTRIBUTE, LiftingCheckpointFunction())
+
+
+patch = TransformersKeywordTensors()

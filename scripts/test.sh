@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The test command (README "Run the tests"). Installs everything the tests need
+# on a fresh machine that has only Python 3.11, pip and gcc, then runs pytest.
+#
+#   .venv-test/   torch 2.13.0 (CPU), hotfix installed FROM A BUILT WHEEL (so the
+#                 .pth start-up path is the one users get), transformers 4.56.2
+#   .matrix/      every release listed in tests/matrix.txt, side by side
+#                 (pip install --target), put first on PYTHONPATH by the tests
+#
+# Extra arguments go to pytest, e.g.  bash scripts/test.sh -k whisper
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+VENV=${HOTFIX_TEST_VENV:-.venv-test}
+MATRIX=.matrix
+pipq() { "$VENV/bin/pip" install -q --disable-pip-version-check "$@" 2>&1 | grep -v "^WARNING: Location" || true; }
+
+[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+# torch pinned: a bare requirement would pull a multi-GB CUDA build.
+pipq torch==2.13.0 numpy "wrapt>=1.14" "packaging>=21" pytest setuptools wheel \
+    transformers==4.56.2 accelerate psutil
+"$VENV/bin/python" -c "import torch, transformers, wrapt, pytest" # fail early if an install failed
+
+rm -rf dist build
+"$VENV/bin/pip" wheel -q --no-deps --no-build-isolation -w dist . 2>&1 | grep -v "^WARNING: Location" || true
+pipq --force-reinstall --no-deps dist/hotfix_checkpoint-*.whl
+
+grep -v '^#' tests/matrix.txt | while read -r name version; do
+    [ -n "$name" ] || continue
+    dir="$MATRIX/$name-$version"
+    [ -f "$dir/.complete" ] && continue
+    rm -rf "$dir"
+    case "$name" in
+        transformers) pipq --target "$dir" "transformers==$version" ;;
+        unsloth-zoo)  pipq --no-deps --target "$dir" "unsloth_zoo==$version" ;;
+        *) echo "unknown matrix entry: $name" >&2; exit 1 ;;
+    esac
+    touch "$dir/.complete"
+done
+
+# Run from tests/ so the source tree's hotfix/ is not importable: the tests
+# exercise the installed wheel (tests/conftest.py checks this).
+cd tests
+exec "../$VENV/bin/python" -m pytest -p no:cacheprovider "$@"
