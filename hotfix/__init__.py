@@ -12,7 +12,7 @@ from typing import List
 from hotfix.patch import Patch, Verdict
 from hotfix.registry import ENTRY_POINT_GROUP, registry
 
-__all__ = ["Patch", "Verdict", "activate", "revert", "patches", "ENTRY_POINT_GROUP", "__version__"]
+__all__ = ["Patch", "Verdict", "activate", "revert", "known_patches", "ENTRY_POINT_GROUP", "__version__"]
 __version__ = "0.1.0"
 
 
@@ -26,7 +26,9 @@ def revert() -> List[str]:
     return registry.revert()
 
 
-def patches():
+# Not called `patches`: that name is the hotfix.patches subpackage, which
+# Python binds on the package as soon as a built-in patch is imported.
+def known_patches():
     """Known patches by name."""
     return dict(registry.patches())
 

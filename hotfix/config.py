@@ -28,7 +28,7 @@ DISABLED_PATCHES_VAR = "HOTFIX_DISABLED_PATCHES"
 LOG_LEVEL_VAR = "HOTFIX_LOG_LEVEL"
 
 # The boot module (_hotfix_boot.py) keeps its own copy of TRUE_VALUES so that it
-# imports nothing; tests/test_config.py checks that the two agree.
+# imports nothing; tests/test_activation.py checks that the two agree.
 TRUE_VALUES = frozenset({"1", "true", "yes", "on"})
 FALSE_VALUES = frozenset({"", "0", "false", "no", "off"})
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")

@@ -41,7 +41,6 @@ from typing import Any, Optional
 
 import wrapt
 
-from hotfix.checkpoint_inputs import lift_closure_tensors
 from hotfix.patch import Patch
 
 ATTRIBUTE = "_gradient_checkpointing_func"
@@ -49,6 +48,11 @@ ATTRIBUTE = "_gradient_checkpointing_func"
 
 def _checkpoint_with_lifted_inputs(wrapped, instance, args, kwargs):
     """wrapt wrapper around a layer's checkpoint function."""
+    # Imported here, not at module level: loading this patch must not import
+    # torch (a tokenizer-only user has transformers without torch); by the time
+    # a layer checkpoints, torch is loaded anyway.
+    from hotfix.checkpoint_inputs import lift_closure_tensors
+
     if args:
         lifted = lift_closure_tensors(args[0], args[1:])
         if lifted is not None:

@@ -1,0 +1,464 @@
+"""Host offload of a checkpoint's first input, behind a small device interface.
+
+Why this exists
+---------------
+unsloth's "smart" gradient checkpointing saves VRAM by not keeping the input
+of each checkpointed layer (the hidden states, ``args[0]``) on the GPU between
+forward and backward: it copies it to pinned host memory on a side stream
+while the layer runs, and copies it back just before the layer is recomputed.
+hotfix replaces that function on the unsloth-zoo releases where it is broken
+(``patches/unsloth_zoo_offload_backward.py``), so it needs its own offload
+machinery.  This module is that machinery, written once, kept apart from the
+autograd code so that it can be tested (and benchmarked) without a GPU.
+
+The pieces
+----------
+* A *device* does the five things offloading needs: name the compute stream
+  and the side stream of a tensor's device, make one stream wait for another,
+  run copies on a stream, allocate host / device buffers.
+  :class:`CudaDevice` is the real one (pinned memory, ``non_blocking`` copies,
+  one side stream per GPU).  :class:`SimulatedDevice` runs on CPU: the copies
+  really happen (so gradients can be checked), and every wait / copy /
+  allocation is appended to ``log`` so tests can assert the ordering.
+* :class:`ActivationOffloader` owns *all* the state (no module globals): the
+  host buffer pool (per device, reused across steps), the device staging
+  buffer (per device), the layer schedule, the print-once flag and counters.
+
+Stream ordering (see https://pytorch.org/docs/stable/notes/cuda.html#cuda-streams):
+
+  forward   side waits for compute    (the activation was produced on compute)
+            copy device -> host on side, non_blocking, into pinned memory
+            ... the layer runs on compute, overlapping the copy ...
+            compute waits for side     (so the activation's memory, freed
+                                        after forward, is not reused by compute
+                                        before the copy has read it)
+  backward  side waits for compute    (the staging buffer's previous reader,
+                                        the last layer's recomputation, is done)
+            copy host -> staging on side, non_blocking
+            compute waits for side     (before the recomputation reads it)
+
+A host buffer goes back to its pool only after the copy back has been queued
+on the same side stream; its next writer is a later copy-out on that stream,
+so stream order protects it without an event.  Pools are per device for that
+reason: two GPUs have two side streams.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Tuple
+
+import torch
+
+logger = logging.getLogger("hotfix")
+
+#: printed (stdout, like upstream) the first time an activation is offloaded;
+#: the exact text unsloth prints, so logs and user expectations do not change.
+OFFLOAD_MESSAGE = "Unsloth: Will smartly offload gradients to save VRAM!"
+#: unsloth offloads only inputs larger than 2 MiB (smaller ones are cheaper to keep)
+DEFAULT_THRESHOLD_BYTES = 2 * 1024 * 1024
+#: buffer sizes are rounded up to this many bytes so that a batch a few tokens
+#: longer than the last one still fits the buffers already allocated
+ROUND_BYTES = 64 * 1024
+
+
+def _round_up(nbytes: int) -> int:
+    return max(ROUND_BYTES, -(-nbytes // ROUND_BYTES) * ROUND_BYTES)
+
+
+def _device_key(device: torch.device) -> Tuple[str, int]:
+    return (device.type, -1 if device.index is None else device.index)
+
+
+# ---------------------------------------------------------------------------
+# devices
+# ---------------------------------------------------------------------------
+class CudaDevice:
+    """Real offloading: pinned host memory, one side stream per GPU."""
+
+    name = "cuda"
+
+    def __init__(self) -> None:
+        self._side_streams: Dict[int, Any] = {}
+        self._warned_pageable = False
+
+    def handles(self, tensor: torch.Tensor) -> bool:
+        # ROCm builds report HIP tensors as cuda too.  XPU/NPU tensors are not
+        # offloaded: they are saved on the device as plain checkpointing does.
+        return tensor.is_cuda
+
+    def _index(self, device: torch.device) -> int:
+        return device.index if device.index is not None else torch.cuda.current_device()
+
+    def compute_stream(self, device: torch.device) -> Any:
+        # The *current* stream, not the default one: the activation was made
+        # on whatever stream the caller (or autograd, in backward) runs on.
+        return torch.cuda.current_stream(self._index(device))
+
+    def side_stream(self, device: torch.device) -> Any:
+        index = self._index(device)
+        stream = self._side_streams.get(index)
+        if stream is None:
+            stream = self._side_streams[index] = torch.cuda.Stream(device=index)
+        return stream
+
+    def wait(self, waiter: Any, waited: Any) -> None:
+        waiter.wait_stream(waited)
+
+    def on(self, stream: Any):
+        return torch.cuda.stream(stream)
+
+    def new_host_buffer(self, nbytes: int) -> torch.Tensor:
+        try:
+            return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+        except RuntimeError as exc:
+            # Pinned memory can run out (or be forbidden in containers).  A
+            # pageable buffer still gives correct results; the copies just
+            # stop overlapping with compute.
+            if not self._warned_pageable:
+                self._warned_pageable = True
+                logger.warning("hotfix: pinned host memory unavailable (%s); offloading to pageable memory", exc)
+            return torch.empty(nbytes, dtype=torch.uint8)
+
+    def new_device_buffer(self, nbytes: int, device: torch.device) -> torch.Tensor:
+        return torch.empty(nbytes, dtype=torch.uint8, device=device)
+
+    def copy(self, dst: torch.Tensor, src: torch.Tensor, direction: str) -> None:
+        dst.copy_(src, non_blocking=True)
+
+
+@dataclass(frozen=True)
+class SimulatedStream:
+    name: str
+
+
+class SimulatedDevice:
+    """A CPU stand-in for :class:`CudaDevice` that records what it is asked to do.
+
+    ``log`` holds tuples, in order:
+
+    * ``("wait", waiter, waited)``            stream names
+    * ``("copy", direction, stream, nbytes)`` direction "to_host" / "to_device";
+      stream is the stream *current* when the copy ran
+    * ``("alloc", "host" | "device", nbytes)``
+
+    Copies are real ``copy_`` calls between CPU tensors, so results (and the
+    gradients computed from reloaded inputs) are exact.
+    """
+
+    name = "simulated"
+    COMPUTE = SimulatedStream("compute")
+    SIDE = SimulatedStream("side")
+
+    def __init__(self) -> None:
+        self.log: List[tuple] = []
+        self._current = self.COMPUTE
+
+    def handles(self, tensor: torch.Tensor) -> bool:
+        return tensor.device.type == "cpu"
+
+    def compute_stream(self, device: torch.device) -> SimulatedStream:
+        return self.COMPUTE
+
+    def side_stream(self, device: torch.device) -> SimulatedStream:
+        return self.SIDE
+
+    def wait(self, waiter: SimulatedStream, waited: SimulatedStream) -> None:
+        self.log.append(("wait", waiter.name, waited.name))
+
+    @contextlib.contextmanager
+    def on(self, stream: SimulatedStream) -> Iterator[None]:
+        previous, self._current = self._current, stream
+        try:
+            yield
+        finally:
+            self._current = previous
+
+    def new_host_buffer(self, nbytes: int) -> torch.Tensor:
+        self.log.append(("alloc", "host", nbytes))
+        return torch.empty(nbytes, dtype=torch.uint8)
+
+    def new_device_buffer(self, nbytes: int, device: torch.device) -> torch.Tensor:
+        self.log.append(("alloc", "device", nbytes))
+        return torch.empty(nbytes, dtype=torch.uint8, device=device)
+
+    def copy(self, dst: torch.Tensor, src: torch.Tensor, direction: str) -> None:
+        self.log.append(("copy", direction, self._current.name, dst.numel() * dst.element_size()))
+        dst.copy_(src)
+
+    def events(self, kind: str) -> List[tuple]:
+        return [entry for entry in self.log if entry[0] == kind]
+
+
+# ---------------------------------------------------------------------------
+# host buffer pool
+# ---------------------------------------------------------------------------
+class HostLease:
+    """One host buffer lent to one offloaded activation.
+
+    Released explicitly after the copy back; if the activation is never
+    reloaded (its graph was dropped without backward) the buffer comes back
+    when the lease is garbage collected.  Release only appends to a deque
+    (atomic), so it is safe from ``__del__`` on any thread.
+    """
+
+    __slots__ = ("buffer", "_returns", "_released")
+
+    def __init__(self, buffer: torch.Tensor, returns: Deque[torch.Tensor]) -> None:
+        self.buffer = buffer
+        self._returns = returns
+        self._released = False
+
+    def release(self) -> None:
+        if not self._released:
+            self._released = True
+            self._returns.append(self.buffer)
+
+    def __del__(self) -> None:
+        try:
+            self.release()
+        except Exception:
+            pass
+
+
+class HostBufferPool:
+    """Host buffers of one device, reused across steps.
+
+    ``acquire`` takes the smallest free buffer that fits.  When none fits it
+    allocates a new one and drops the largest free one that was too small, so
+    the pool never holds more buffers than were in use at once.
+    """
+
+    def __init__(self, allocate: Callable[[int], torch.Tensor]) -> None:
+        self._allocate = allocate
+        self._free: List[torch.Tensor] = []
+        self._returns: Deque[torch.Tensor] = collections.deque()
+        self.allocations = 0
+        self.allocated_bytes = 0
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                self._free.append(self._returns.popleft())
+            except IndexError:
+                return
+
+    def acquire(self, nbytes: int) -> HostLease:
+        self._drain()
+        fitting = [b for b in self._free if b.numel() >= nbytes]
+        if fitting:
+            buffer = min(fitting, key=lambda b: b.numel())
+            self._free.remove(buffer)
+        else:
+            if self._free:
+                self._free.remove(max(self._free, key=lambda b: b.numel()))
+            size = _round_up(nbytes)
+            buffer = self._allocate(size)
+            self.allocations += 1
+            self.allocated_bytes += size
+        return HostLease(buffer, self._returns)
+
+    @property
+    def free_buffers(self) -> int:
+        self._drain()
+        return len(self._free)
+
+
+# ---------------------------------------------------------------------------
+# schedule: which calls to offload
+# ---------------------------------------------------------------------------
+class LayerSchedule:
+    """Counts checkpoint calls per pass to spot the last layer.
+
+    The last checkpointed layer of a forward is the first one to run backward,
+    so offloading it costs a round trip for no memory saved (torchtune#1443).
+    Its position is only known once the first pass has ended (first backward),
+    so the first pass offloads every layer; from then on the last one stays.
+    """
+
+    def __init__(self) -> None:
+        self.layers: Optional[int] = None  # checkpoint calls per pass, once known
+        self.position = 0  # calls so far in this pass (1-based after next_call)
+        self.passes = 0  # passes started
+        self._backward_seen = True
+
+    def next_call(self) -> int:
+        if self._backward_seen:
+            self._backward_seen = False
+            self.passes += 1
+            self.position = 0
+        self.position += 1
+        return self.position
+
+    def backward_started(self) -> None:
+        if self.layers is None and self.position:
+            self.layers = self.position
+        self._backward_seen = True
+
+    def is_last(self, position: int) -> bool:
+        return self.layers is not None and position == self.layers
+
+
+# ---------------------------------------------------------------------------
+# the offloader
+# ---------------------------------------------------------------------------
+@dataclass
+class Offloaded:
+    """What forward keeps (on ctx) instead of the activation itself."""
+
+    lease: HostLease
+    nbytes: int
+    shape: torch.Size
+    dtype: torch.dtype
+    device: torch.device
+    position: int
+    pass_number: int
+
+    def host_view(self) -> torch.Tensor:
+        return self.lease.buffer[: self.nbytes].view(self.dtype).view(self.shape)
+
+
+@dataclass
+class OffloadStats:
+    #: pass number -> positions offloaded in that pass (1-based call numbers)
+    offloaded: Dict[int, List[int]] = field(default_factory=dict)
+    #: pass number -> positions kept on the device (below threshold / last layer)
+    kept: Dict[int, List[int]] = field(default_factory=dict)
+    reloads: int = 0
+    messages: int = 0
+
+
+class ActivationOffloader:
+    """All offload state of one process (one instance per hotfix patch)."""
+
+    def __init__(
+        self,
+        device: Optional[Any] = None,
+        threshold_bytes: int = DEFAULT_THRESHOLD_BYTES,
+        announce: Callable[[str], None] = print,
+    ) -> None:
+        self._lock = threading.RLock()
+        self._recompute = threading.local()
+        self.announce = announce
+        self.threshold_bytes = threshold_bytes
+        self.use_device(device or CudaDevice())
+
+    # -- configuration -------------------------------------------------------
+    def use_device(self, device: Any, threshold_bytes: Optional[int] = None) -> None:
+        """Switch device implementation (tests, benchmarks); forgets all state."""
+        with self._lock:
+            self.device = device
+            if threshold_bytes is not None:
+                self.threshold_bytes = threshold_bytes
+            self.reset()
+
+    def reset(self) -> None:
+        """Forget buffers, layer count and the print-once flag (a new training run)."""
+        with self._lock:
+            self._pools: Dict[Tuple[str, int], HostBufferPool] = {}
+            self._staging: Dict[Tuple[str, int], torch.Tensor] = {}
+            self.staging_allocations = 0
+            self.schedule = LayerSchedule()
+            self.announced = False
+            self.stats = OffloadStats()
+
+    @property
+    def host_allocations(self) -> int:
+        return sum(pool.allocations for pool in self._pools.values())
+
+    def pool(self, device: torch.device) -> HostBufferPool:
+        key = _device_key(device)
+        pool = self._pools.get(key)
+        if pool is None:
+            pool = self._pools[key] = HostBufferPool(self.device.new_host_buffer)
+        return pool
+
+    # -- recomputation guard -------------------------------------------------
+    @contextlib.contextmanager
+    def recomputing(self) -> Iterator[None]:
+        """Mark this thread as recomputing a checkpointed layer.
+
+        A checkpoint nested inside the recomputation must not offload: its
+        reload would overwrite the staging buffer the outer layer is reading.
+        Thread-local because autograd runs backward on its own threads.
+        """
+        self._recompute.depth = getattr(self._recompute, "depth", 0) + 1
+        try:
+            yield
+        finally:
+            self._recompute.depth -= 1
+
+    def in_recompute(self) -> bool:
+        return getattr(self._recompute, "depth", 0) > 0
+
+    # -- forward ---------------------------------------------------------------
+    def offload(self, tensor: torch.Tensor) -> Optional[Offloaded]:
+        """Called for a checkpoint's first input when it requires grad.
+
+        Returns a ticket when the tensor was sent to the host (the caller must
+        then not save it, and must call :meth:`after_forward`), else None.
+        """
+        if self.in_recompute():
+            return None
+        with self._lock:
+            position = self.schedule.next_call()
+            pass_number = self.schedule.passes
+            nbytes = tensor.numel() * tensor.element_size()
+            if (
+                not self.device.handles(tensor)
+                or nbytes <= self.threshold_bytes
+                or self.schedule.is_last(position)
+            ):
+                self.stats.kept.setdefault(pass_number, []).append(position)
+                return None
+            compute = self.device.compute_stream(tensor.device)
+            side = self.device.side_stream(tensor.device)
+            lease = self.pool(tensor.device).acquire(nbytes)
+            ticket = Offloaded(lease, nbytes, tensor.shape, tensor.dtype, tensor.device, position, pass_number)
+            self.device.wait(side, compute)
+            with torch.no_grad(), self.device.on(side):
+                self.device.copy(ticket.host_view(), tensor.detach(), "to_host")
+            self.stats.offloaded.setdefault(pass_number, []).append(position)
+            if not self.announced:
+                self.announced = True
+                self.stats.messages += 1
+                self.announce(OFFLOAD_MESSAGE)
+            return ticket
+
+    def after_forward(self, ticket: Optional[Offloaded]) -> None:
+        """The layer has been queued: compute may now free/reuse the activation."""
+        if ticket is not None:
+            self.device.wait(self.device.compute_stream(ticket.device), self.device.side_stream(ticket.device))
+
+    # -- backward --------------------------------------------------------------
+    def backward_started(self) -> None:
+        with self._lock:
+            self.schedule.backward_started()
+
+    def _staging_view(self, ticket: Offloaded) -> torch.Tensor:
+        key = _device_key(ticket.device)
+        buffer = self._staging.get(key)
+        if buffer is None or buffer.numel() < ticket.nbytes:
+            # Replace, do not resize in place: a view of the old buffer may
+            # still be referenced by the previous layer's finished graph.
+            buffer = self._staging[key] = self.device.new_device_buffer(_round_up(ticket.nbytes), ticket.device)
+            self.staging_allocations += 1
+        return buffer[: ticket.nbytes].view(ticket.dtype).view(ticket.shape)
+
+    def reload(self, ticket: Offloaded) -> torch.Tensor:
+        """Bring an offloaded activation back; returns a tensor on its device."""
+        with self._lock:
+            compute = self.device.compute_stream(ticket.device)
+            side = self.device.side_stream(ticket.device)
+            staging = self._staging_view(ticket)
+            self.device.wait(side, compute)
+            with torch.no_grad(), self.device.on(side):
+                self.device.copy(staging, ticket.host_view(), "to_device")
+            self.device.wait(compute, side)
+            ticket.lease.release()
+            self.stats.reloads += 1
+            return staging

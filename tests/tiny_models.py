@@ -1,0 +1,149 @@
+"""Tiny random-weight models that hit the keyword-tensor bug, built on CPU in milliseconds.
+
+Each builder returns ``(model, batch)``; the model is in training mode and
+seeded, the batch is fixed.  Used by grad_case.py in fresh interpreters of
+every transformers release in the matrix.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def _gen(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+def whisper(seed=0, frozen_decoder_embeddings=False):
+    from transformers import WhisperConfig, WhisperForConditionalGeneration
+
+    cfg = WhisperConfig(vocab_size=100, num_mel_bins=8, encoder_layers=2, decoder_layers=2,
+                        encoder_attention_heads=2, decoder_attention_heads=2, d_model=16,
+                        encoder_ffn_dim=32, decoder_ffn_dim=32, max_source_positions=10,
+                        max_target_positions=16, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                        decoder_start_token_id=1)
+    torch.manual_seed(seed)
+    model = WhisperForConditionalGeneration(cfg).train()
+    if frozen_decoder_embeddings:
+        model.model.decoder.embed_tokens.requires_grad_(False)
+        model.model.decoder.embed_positions.requires_grad_(False)
+    g = _gen(seed + 1)
+    return model, {"input_features": torch.randn(2, 8, 20, generator=g),
+                   "labels": torch.randint(3, 100, (2, 5), generator=g)}
+
+
+def whisper_frozen(seed=0):
+    return whisper(seed, frozen_decoder_embeddings=True)
+
+
+def deberta_v2(seed=0):
+    from transformers import DebertaV2Config, DebertaV2ForSequenceClassification
+
+    cfg = DebertaV2Config(vocab_size=100, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                          intermediate_size=32, max_position_embeddings=32, relative_attention=True,
+                          position_buckets=8, norm_rel_ebd="layer_norm", pos_att_type=["p2c", "c2p"],
+                          hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, num_labels=3)
+    torch.manual_seed(seed)
+    model = DebertaV2ForSequenceClassification(cfg).train()
+    g = _gen(seed + 1)
+    return model, {"input_ids": torch.randint(3, 100, (2, 7), generator=g),
+                   "labels": torch.randint(0, 3, (2,), generator=g)}
+
+
+def layoutlm(seed=0):
+    from transformers import LayoutLMConfig, LayoutLMForSequenceClassification
+
+    cfg = LayoutLMConfig(vocab_size=100, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                         intermediate_size=32, max_position_embeddings=32, max_2d_position_embeddings=64,
+                         hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, num_labels=3)
+    torch.manual_seed(seed)
+    model = LayoutLMForSequenceClassification(cfg).train()
+    g = _gen(seed + 1)
+    x0 = torch.randint(0, 30, (2, 7, 1), generator=g)
+    y0 = torch.randint(0, 30, (2, 7, 1), generator=g)
+    bbox = torch.cat([x0, y0, x0 + 5, y0 + 5], dim=-1)
+    return model, {"input_ids": torch.randint(3, 100, (2, 7), generator=g), "bbox": bbox,
+                   "labels": torch.randint(0, 3, (2,), generator=g)}
+
+
+def wavlm(seed=0):
+    from transformers import WavLMConfig, WavLMForSequenceClassification
+
+    cfg = WavLMConfig(hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
+                      conv_dim=(8, 8), conv_stride=(4, 4), conv_kernel=(8, 8), num_conv_pos_embeddings=8,
+                      num_conv_pos_embedding_groups=2, num_buckets=16, max_bucket_distance=32,
+                      hidden_dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
+                      feat_proj_dropout=0.0, layerdrop=0.0, mask_time_prob=0.0, num_labels=3,
+                      classifier_proj_size=8)
+    torch.manual_seed(seed)
+    model = WavLMForSequenceClassification(cfg).train()
+    g = _gen(seed + 1)
+    return model, {"input_values": torch.randn(2, 400, generator=g),
+                   "labels": torch.randint(0, 3, (2,), generator=g)}
+
+
+def custom_layer(seed=0, nested=False):
+    """A third-party GradientCheckpointingLayer that takes a grad tensor by keyword."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    class MixLayer(GradientCheckpointingLayer):
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(8, 8)
+            self.mix = nn.Linear(8, 8)
+
+        def forward(self, hidden, context=None, pair=None):
+            if pair is not None:
+                context = pair[0] + pair[1]["ctx"]
+            return torch.tanh(self.proj(hidden) + self.mix(context))
+
+    class Tiny(nn.Module):
+        supports_gradient_checkpointing = True
+
+        def __init__(self):
+            super().__init__()
+            self.context = nn.Linear(8, 8)
+            self.embed = nn.Linear(8, 8)
+            self.layers = nn.ModuleList([MixLayer() for _ in range(3)])
+            self.gradient_checkpointing = False
+
+        def enable(self, use_reentrant=True):
+            from functools import partial
+            from torch.utils.checkpoint import checkpoint
+
+            for module in self.modules():
+                if isinstance(module, GradientCheckpointingLayer):
+                    module.gradient_checkpointing = True
+                    module._gradient_checkpointing_func = partial(checkpoint, use_reentrant=use_reentrant)
+
+        def forward(self, x, labels):
+            ctx = self.context(x)
+            h = self.embed(x)
+            for layer in self.layers:
+                if nested:
+                    h = layer(h, pair=(ctx * 0.5, {"ctx": ctx * 0.5}))
+                else:
+                    h = layer(h, context=ctx)
+            loss = (h - labels).pow(2).mean()
+            return type("Out", (), {"loss": loss})()
+
+    torch.manual_seed(seed)
+    model = Tiny().train()
+    g = _gen(seed + 1)
+    return model, {"x": torch.randn(4, 8, generator=g), "labels": torch.randn(4, 8, generator=g)}
+
+
+def custom_layer_nested(seed=0):
+    return custom_layer(seed, nested=True)
+
+
+BUILDERS = {
+    "whisper": whisper,
+    "whisper-frozen-decoder-embeddings": whisper_frozen,
+    "deberta-v2": deberta_v2,
+    "layoutlm": layoutlm,
+    "wavlm": wavlm,
+    "custom-layer": custom_layer,
+    "custom-layer-nested": custom_layer_nested,
+}
