@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from typing import Dict, List
 
 # (case name, what it shows)
@@ -94,10 +95,16 @@ def _run_child(disabled: bool) -> List[Dict]:
     env.pop("HOTFIX_DISABLE", None)
     if disabled:
         env["HOTFIX_DISABLE"] = "1"
+    # cwd is a temporary folder: `python -m` puts cwd first on sys.path, and
+    # run from a source checkout it would import the uninstalled tree instead
+    # of the hotfix the user installed.
     proc = subprocess.run(
         [sys.executable, "-m", "hotfix.doctor", "--child"] + [c for c, _ in CASES],
-        env=env, capture_output=True, text=True, timeout=600,
+        env=env, capture_output=True, text=True, timeout=600, cwd=tempfile.gettempdir(),
     )
+    for line in proc.stderr.splitlines():
+        if line.startswith("hotfix:"):
+            print(f"  [{'without' if disabled else 'with'} hotfix] {line}")
     results = []
     for line in proc.stdout.splitlines():
         if line.startswith("{"):
