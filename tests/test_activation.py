@@ -323,7 +323,8 @@ def test_disabled_patches_unknown_name_warns():
     assert seen["active"] is True
     warnings = hotfix_lines(proc.stderr)
     assert len(warnings) == 1, proc.stderr
-    assert "nope" in warnings[0] and "known patches: transformers-keyword-tensors" in warnings[0]
+    assert "nope" in warnings[0] and "known patches:" in warnings[0]
+    assert "transformers-keyword-tensors" in warnings[0].split("known patches:")[1]
     assert "transformers-keyword-tensors: opted out" in proc.stdout
 
 
@@ -424,7 +425,9 @@ def test_activate_is_idempotent_and_revert_restores():
     assert seen["activated"] == [True, True]
     assert seen["same_descriptor"] is True
     assert seen["trains"] == {"ok": True, "grads_match": True}
-    assert seen["reverted"] == ["transformers-keyword-tensors"]
+    # Only what was applied is reverted (the zoo patches never saw their target here).
+    assert "transformers-keyword-tensors" in seen["reverted"]
+    assert not any(name.startswith("unsloth-zoo") for name in seen["reverted"])
     assert seen["absent_after_revert"] is True
     assert seen["layer_reads_own_function"] is True
     assert seen["after_revert"]["ok"] is False and CRASH in seen["after_revert"]["error"]
@@ -537,7 +540,8 @@ def test_plugins_from_entry_point_group(tmp_path):
     assert seen["value"] == "fixed by good-plugin"
     assert seen["failing_touched"] is False  # the half-done change was rolled back
     assert seen["drifted_touched"] is False
-    assert seen["patches"] == ["drifted-plugin", "failing-plugin", "good-plugin", "transformers-keyword-tensors"]
+    assert {"drifted-plugin", "failing-plugin", "good-plugin", "transformers-keyword-tensors"} <= set(seen["patches"])
+    assert "broken" not in seen["patches"]
 
     warnings = hotfix_lines(proc.stderr)
     broken = [w for w in warnings if "broken" in w]
