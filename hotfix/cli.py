@@ -1,4 +1,4 @@
-"""Command line: ``hotfix status`` (default), ``hotfix doctor``.
+"""Command line: ``hotfix status`` (default), ``hotfix doctor``, ``hotfix check-model``.
 
 ``python -m hotfix`` is the same command.
 """
@@ -81,6 +81,99 @@ def status(import_targets: bool = True, out=None) -> int:
     return 0
 
 
+def _add_check_arguments(p) -> None:
+    p.add_argument("target", help="MODULE:CALLABLE or FILE.py:CALLABLE; the callable takes no arguments and returns "
+                   "(model, batch), (model, batch, loss_fn) or a dict with keys model, batch[, loss_fn]")
+    p.add_argument("--modes", default="reentrant,non-reentrant,default",
+                   help="comma list of reentrant, non-reentrant, default (default: all three)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--rtol", type=float, default=None, help="relative tolerance (default: by dtype)")
+    p.add_argument("--floor", type=float, default=None,
+                   help="fraction of the whole gradient's norm used as the least error scale (default 1e-3)")
+    p.add_argument("--memory-limit", default=None,
+                   help="RSS growth allowed per step, e.g. 4GiB (default: min(50%% of available memory, 8 GiB))")
+    p.add_argument("--time-limit", type=float, default=600.0, help="seconds per step (default 600)")
+    p.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    p.add_argument("--verbose", action="store_true", help="list every parameter")
+    p.add_argument("--compare-hotfix", action="store_true",
+                   help="run the check twice in fresh interpreters, with HOTFIX_DISABLE=1 and with hotfix active")
+
+
+def _check_child(argv: List[str], disabled: bool) -> dict:
+    import json
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k != DISABLE_VAR}
+    if disabled:
+        env[DISABLE_VAR] = "1"
+    proc = subprocess.run([sys.executable, "-m", "hotfix", "check-model", *argv, "--json"],
+                          env=env, capture_output=True, text=True)
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith("{"):
+            data = json.loads(line)
+            data["exit_status"] = proc.returncode
+            return data
+    tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+    return {"exit_status": proc.returncode, "safe": False, "verdict": f"child failed: {tail[0]}", "modes": []}
+
+
+def check_model_command(args) -> int:
+    import json
+
+    from hotfix.checker import CheckerError, MODES, check_model, load_factory, parse_bytes, unpack_factory_result
+    from hotfix.gradcheck import FLOOR
+
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    bad = [m for m in modes if m not in MODES]
+    if bad:
+        print(f"hotfix check-model: unknown mode(s) {', '.join(bad)}; known: {', '.join(MODES)}", file=sys.stderr)
+        return 2
+    if args.compare_hotfix:
+        passthrough = [args.target, "--modes", ",".join(modes), "--seed", str(args.seed),
+                       "--time-limit", str(args.time_limit)]
+        for flag, value in (("--rtol", args.rtol), ("--floor", args.floor), ("--memory-limit", args.memory_limit)):
+            if value is not None:
+                passthrough += [flag, str(value)]
+        results = {"without hotfix (HOTFIX_DISABLE=1)": _check_child(passthrough, True),
+                   "with hotfix": _check_child(passthrough, False)}
+        if args.json:
+            print(json.dumps(results))
+        else:
+            for label, data in results.items():
+                print(f"{label}: {data.get('verdict')}")
+                for m in data.get("modes", []):
+                    print(f"  {m['mode']:<14} {m['summary']}")
+        after = results["with hotfix"]
+        return 0 if after.get("safe") else (2 if after.get("exit_status") == 2 else 1)
+    try:
+        factory = load_factory(args.target)
+        model, batch, loss_fn = unpack_factory_result(factory())
+    except Exception as exc:
+        print(f"hotfix check-model: could not build model and batch from {args.target}: "
+              f"{type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
+    try:
+        report = check_model(
+            model, batch, loss_fn=loss_fn, modes=modes, seed=args.seed, rtol=args.rtol,
+            floor=FLOOR if args.floor is None else args.floor,
+            memory_limit=None if args.memory_limit is None else parse_bytes(args.memory_limit),
+            time_limit=args.time_limit,
+        )
+    except CheckerError as exc:
+        print(f"hotfix check-model: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        data = report.to_dict()
+        if args.verbose:
+            data["per_parameter"] = report.per_parameter
+        print(json.dumps(data))
+    else:
+        print(report.format(verbose=args.verbose))
+    if report.safe:
+        return 0
+    return 2 if report.reference.status != "reference" or not report.supported else 1
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="hotfix", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command")
@@ -88,7 +181,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     p_status.add_argument("--no-import", action="store_true",
                           help="do not import target libraries (faster; shows pending patches)")
     sub.add_parser("doctor", help="reproduce the Whisper bug here without and with hotfix")
+    p_check = sub.add_parser(
+        "check-model", help="is gradient checkpointing safe for YOUR model? one step per mode, gradients compared",
+        description="Run one training step without checkpointing and one per checkpointing mode on the model "
+        "and batch returned by TARGET, and compare every parameter gradient. Exit status: 0 safe, "
+        "1 unsafe (missing/wrong gradients, crash, memory/time guard), 2 could not check.",
+    )
+    _add_check_arguments(p_check)
     args = parser.parse_args(argv)
+    if args.command == "check-model":
+        return check_model_command(args)
     if args.command == "doctor":
         from hotfix.doctor import main as doctor_main
 

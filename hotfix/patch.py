@@ -54,6 +54,10 @@ class Patch:
         self._lock = threading.RLock()
         self._applied_targets: List[str] = []
         self._undo: List[Tuple[Any, str, Any]] = []
+        # (id(owner), attribute) -> the object replace() put there, so that
+        # applying again to the same objects (importlib.reload of a target
+        # that re-imports unchanged objects) never wraps a wrapper.
+        self._installed: Dict[Tuple[int, str], Any] = {}
         self.last_error: Optional[str] = None
 
     # -- what a concrete patch writes ------------------------------------
@@ -82,10 +86,18 @@ class Patch:
 
     # -- tools for ``_apply`` --------------------------------------------
     def replace(self, owner: Any, attribute: str, new: Any) -> Any:
-        """Set ``owner.attribute = new``, remembering what to restore."""
+        """Set ``owner.attribute = new``, remembering what to restore.
+
+        If ``owner.attribute`` is already what this patch installed there, it
+        is left alone (and returned): a patch is never stacked on itself.
+        """
         original = owner.__dict__.get(attribute, _ABSENT) if hasattr(owner, "__dict__") else _ABSENT
+        key = (id(owner), attribute)
+        if original is not _ABSENT and self._installed.get(key, _ABSENT) is original:
+            return original
         setattr(owner, attribute, new)
         self._undo.append((owner, attribute, original))
+        self._installed[key] = new
         return new
 
     def wrap(self, owner: Any, attribute: str, wrapper: Callable) -> Any:
@@ -120,12 +132,19 @@ class Patch:
     def applied_targets(self) -> Tuple[str, ...]:
         return tuple(self._applied_targets)
 
-    def apply(self, module: Any) -> bool:
-        """Apply to the freshly imported ``module`` if it belongs; never raises."""
+    def apply(self, module: Any, *, reloaded: bool = False) -> bool:
+        """Apply to the freshly imported ``module`` if it belongs; never raises.
+
+        ``reloaded``: ``module`` was re-executed by ``importlib.reload``, so it
+        holds new objects to patch even if it was patched before.  The undo
+        records of the earlier objects are kept: ``revert()`` restores both.
+        """
         name = getattr(module, "__name__", repr(module))
         with self._lock:
             if name in self._applied_targets:
-                return True
+                if not reloaded:
+                    return True
+                self._applied_targets.remove(name)
             verdict = self.check()
             if not verdict.applies:
                 logger.debug("hotfix: %s not applied: %s", self.name, verdict.reason)
@@ -148,7 +167,10 @@ class Patch:
                 return False
             self._applied_targets.append(name)
             self.last_error = None
-            logger.info("hotfix: applied %s to %s (%s)", self.name, name, verdict.reason)
+            if reloaded:
+                logger.info("hotfix: re-applied %s to %s after importlib.reload (%s)", self.name, name, verdict.reason)
+            else:
+                logger.info("hotfix: applied %s to %s (%s)", self.name, name, verdict.reason)
             return True
 
     def revert(self) -> bool:
@@ -163,6 +185,7 @@ class Patch:
                 logger.warning("hotfix: patch %s failed to revert: %r", self.name, exc)
                 return False
             self._applied_targets.clear()
+            self._installed.clear()
             logger.info("hotfix: reverted %s", self.name)
             return True
 

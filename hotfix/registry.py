@@ -23,6 +23,7 @@ from typing import Dict, List, Optional
 import wrapt
 
 from hotfix.config import DISABLED_PATCHES_VAR, Settings, normalize_patch_name, read_settings
+from hotfix import reload_watch
 from hotfix.patch import Patch
 
 logger = logging.getLogger("hotfix")
@@ -32,8 +33,20 @@ ENTRY_POINT_GROUP = "hotfix.patches"
 # Used only when hotfix runs from a source checkout without installed metadata
 # (no entry points to read); an installed hotfix always goes through the group.
 _BUILTIN_ENTRY_POINTS = {
+    "transformers-frozen-inputs": "hotfix.patches.transformers_frozen_inputs:patch",
     "transformers-keyword-tensors": "hotfix.patches.transformers_keyword_tensors:patch",
+    "unsloth-zoo-closure-tensors": "hotfix.patches.unsloth_zoo_closure_tensors:patch",
+    "unsloth-zoo-offload-backward": "hotfix.patches.unsloth_zoo_offload_backward:patch",
 }
+
+
+# patches/ becomes hotfix.patches only when installed (package-dir mapping),
+# so `python -m hotfix` run inside a source checkout imports a hotfix without
+# its fixes.  Say so instead of leaving a bare ModuleNotFoundError.
+_SOURCE_TREE_HINT = (
+    "hotfix.patches exists only in an installed hotfix (pip install . or -e .); "
+    "if you are inside a source checkout, run from another directory"
+)
 
 
 def _load_entry_point(name: str, value: str) -> Optional[Patch]:
@@ -78,6 +91,8 @@ class Registry:
                     try:
                         patch = _load_entry_point(ep_name, value)
                     except Exception as exc:
+                        if value.startswith("hotfix.patches.") and isinstance(exc, ImportError):
+                            exc = ImportError(f"{exc}; {_SOURCE_TREE_HINT}")
                         self.load_errors[ep_name] = repr(exc)
                         logger.warning(
                             "hotfix: plugin patch %r (%s) could not be loaded and is skipped: %r",
@@ -119,7 +134,23 @@ class Registry:
                     continue
                 for target in patch.targets:
                     self._attach(key, patch, target)
+            if self._hooked:
+                # importlib.reload of a target re-creates its objects: patch them again.
+                reload_watch.install(self._hooked_targets, self._on_reload)
             return True
+
+    def _hooked_targets(self) -> frozenset:
+        return frozenset(target for _, target in self._hooked)
+
+    def _on_reload(self, module) -> None:
+        """A target module was re-executed by importlib.reload: re-apply its patches."""
+        name = getattr(module, "__name__", None)
+        with self._lock:
+            if not self.active:
+                return
+            for key, patch in (self._patches or {}).items():
+                if (key, name) in self._hooked and not self.is_opted_out(patch):
+                    patch.apply(module, reloaded=True)
 
     def _attach(self, key: str, patch: Patch, target: str) -> None:
         import sys

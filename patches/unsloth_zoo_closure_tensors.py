@@ -36,10 +36,8 @@ from __future__ import annotations
 import inspect
 from typing import Any, Optional
 
-import torch
 import wrapt
 
-from hotfix.checkpoint_inputs import lift_closure_tensors
 from hotfix.patch import Patch
 
 CLASS_NAME = "UnslothCheckpointFunction"
@@ -50,6 +48,8 @@ def _apply_with_lifted_inputs(wrapped, instance, args, kwargs):
     # apply(run_function, preserve_rng_state, *inputs): anything else (keywords,
     # too few arguments) is not a call shape we understand: pass it through.
     if len(args) >= 2 and not kwargs:
+        from hotfix.checkpoint_inputs import lift_closure_tensors  # imports torch: only when called
+
         lifted = lift_closure_tensors(args[0], args[2:])
         if lifted is not None:
             function, inputs = lifted
@@ -59,6 +59,8 @@ def _apply_with_lifted_inputs(wrapped, instance, args, kwargs):
 
 def checkpoint_function_drift(module: Any) -> Optional[str]:
     """Shared by both unsloth-zoo patches: is UnslothCheckpointFunction what we know?"""
+    import torch  # here, not at module level: loading a patch must not import torch
+
     cls = getattr(module, CLASS_NAME, None)
     if not isinstance(cls, type) or not issubclass(cls, torch.autograd.Function):
         return f"{CLASS_NAME} is missing or not a torch.autograd.Function"

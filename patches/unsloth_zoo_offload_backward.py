@@ -46,15 +46,14 @@ work (double buffering, slot pool, prefetch).
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
-import torch
-import torch.utils.checkpoint as torch_checkpoint
-
-from hotfix.offload import ActivationOffloader
 from hotfix.patch import Patch
 from hotfix.patches.unsloth_zoo_closure_tensors import CLASS_NAME, checkpoint_function_drift
 from hotfix.versions import installed_version, version_in_range
+
+if TYPE_CHECKING:
+    from hotfix.offload import ActivationOffloader
 
 # Private helpers of torch.utils.checkpoint that the reentrant checkpoint (and
 # unsloth's copy of it) use to stash RNG and autocast state; drift() checks them.
@@ -71,8 +70,13 @@ _INVALID_CHECKPOINT = (
 )
 
 
-def build_checkpoint_methods(offloader: ActivationOffloader, recompute_marker: Optional[Callable] = None):
+def build_checkpoint_methods(offloader: "ActivationOffloader", recompute_marker: Optional[Callable] = None):
     """Return ``(forward, backward)`` for a reentrant, offloading checkpoint Function."""
+    # torch is imported here, not at module level: loading the patch (at
+    # activation, on the first transformers import) must not import torch.
+    import torch
+    import torch.utils.checkpoint as torch_checkpoint
+
     infer_device_type = torch_checkpoint._infer_device_type
     get_autocast_kwargs = torch_checkpoint._get_autocast_kwargs
     get_device_module = torch_checkpoint._get_device_module
@@ -178,9 +182,19 @@ class UnslothZooOffloadBackward(Patch):
 
     def __init__(self) -> None:
         super().__init__()
-        #: the one offload state object of the process; tests and benchmarks
-        #: switch it to hotfix.offload.SimulatedDevice with use_device().
-        self.offloader = ActivationOffloader()
+        self._offloader = None
+
+    @property
+    def offloader(self) -> "ActivationOffloader":
+        """The one offload state object of the process (made on first use: it imports torch).
+
+        Tests and benchmarks switch it to hotfix.offload.SimulatedDevice with use_device().
+        """
+        if self._offloader is None:
+            from hotfix.offload import ActivationOffloader
+
+            self._offloader = ActivationOffloader()
+        return self._offloader
 
     @property
     def details(self) -> str:
@@ -203,6 +217,8 @@ class UnslothZooOffloadBackward(Patch):
             return reason
         if not isinstance(getattr(module, CLASS_NAME).__dict__.get("backward"), staticmethod):
             return f"{CLASS_NAME}.backward is not a staticmethod of the class"
+        import torch.utils.checkpoint as torch_checkpoint
+
         missing = [name for name in TORCH_HELPERS if not hasattr(torch_checkpoint, name)]
         if missing:
             return "torch.utils.checkpoint lacks " + ", ".join(missing)

@@ -581,3 +581,19 @@ def test_status_for_a_whisper_user():
     assert CRASH in proc.stdout
     assert "Whisper" in proc.stdout
     assert "active" in proc.stdout.splitlines()[0]
+
+
+def test_import_hotfix_does_not_import_torch():
+    """Loading every built-in patch (what activation does) imports no torch:
+    a tokenizer-only user with transformers but no torch gets no warnings."""
+    proc, seen = run_child(
+        """
+        import sys
+        import hotfix
+        report(torch=sorted(m for m in sys.modules if m == "torch" or m.startswith("torch.")),
+               patches=sorted(hotfix.known_patches()))
+        """
+    )
+    assert seen["torch"] == []
+    assert len(seen["patches"]) >= 4
+    assert hotfix_lines(proc.stderr) == []

@@ -147,3 +147,40 @@ BUILDERS = {
     "custom-layer": custom_layer,
     "custom-layer-nested": custom_layer_nested,
 }
+
+
+# -- frozen-input cases (patches/transformers_frozen_inputs.py) ---------------
+# Whisper fine-tuned with adapters on q_proj/v_proj, everything else frozen,
+# after enable_input_require_grads(): on 4.x no input of an encoder layer
+# requires grad (the conv front-end is frozen and only the decoder embeddings
+# get the hook), so reentrant checkpointing drops the encoder adapters' grads.
+
+def _whisper_adapter_ready(model):
+    model.enable_input_require_grads()
+    return model
+
+
+def whisper_lora(seed=0):
+    """PEFT LoRA on q_proj/v_proj (random B, so every LoRA weight has a non-zero gradient)."""
+    from peft import LoraConfig, get_peft_model  # ImportError -> the case is n/a
+
+    model, batch = whisper(seed)
+    torch.manual_seed(seed + 2)
+    config = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"],
+                        init_lora_weights=False)
+    model = get_peft_model(model, config).train()
+    return _whisper_adapter_ready(model), batch
+
+
+def whisper_qv_only(seed=0):
+    """LoRA emulated without peft: only the q_proj/v_proj weights and biases train."""
+    model, batch = whisper(seed)
+    for name, param in model.named_parameters():
+        param.requires_grad_(".q_proj." in name or ".v_proj." in name)
+    return _whisper_adapter_ready(model), batch
+
+
+BUILDERS.update({
+    "whisper-lora": whisper_lora,
+    "whisper-qv-only": whisper_qv_only,
+})

@@ -1,0 +1,204 @@
+"""transformers < 5.0: a checkpointed layer with no grad-requiring input loses its parameters' gradients.
+
+What breaks
+-----------
+Reentrant checkpointing (``use_reentrant=True``, the 4.x default) is an
+``autograd.Function``: if none of its tensor inputs requires grad, its outputs
+do not either, no graph node is made, and the layer is never recomputed in
+backward.  Its *parameters* then get no gradient, even when they are
+trainable.  That is the adapter case: PEFT LoRA on Whisper's ``q_proj`` /
+``v_proj`` with everything else frozen.  ``enable_input_require_grads()``
+exists for exactly this, but on 4.x it hooks only
+``model.get_input_embeddings()``, which for Whisper is the *decoder*'s
+``embed_tokens``.  The encoder's front end (``conv1``/``conv2``, frozen) feeds
+encoder layers whose inputs do not require grad, so every encoder LoRA weight
+silently gets no gradient (tiny Whisper, LoRA on q/v: 8 of 24 trainable
+tensors, measured on 4.52.4, 4.53.3, 4.56.2, 4.57.6).  The same holds for any
+sub-model whose embeddings are not the top-level ones (vision towers of VLMs).
+
+What 5.x changed
+----------------
+From 5.0.0 (huggingface/transformers#41993, made tolerant in #42558),
+``PreTrainedModel.enable_input_require_grads`` walks ``self.modules()`` and
+registers its "output.requires_grad_(True)" hook on the input embeddings of
+*every* ``PreTrainedModel`` inside the model (deduplicated by module), not only
+the top-level one.  For Whisper that adds ``WhisperEncoder.conv1`` (declared
+as ``_input_embed_layer = "conv1"`` in 5.x): the conv front end's output
+requires grad, so every encoder layer's checkpoint has a grad-requiring input
+and the LoRA weights get their gradients.  The layers and checkpointing did
+not change: with only the 4.x top-level hook, 5.23.0 loses the same 8.
+
+How this patch fixes it
+-----------------------
+Not by copying 5.x: making the front-end output require grad also makes
+autograd save the frozen front end's activations for a backward whose results
+nobody needs.  Instead, at the checkpoint call itself: when a checkpointed call
+is reentrant, grad mode is on, the layer is training and has trainable
+parameters, and *no* tensor reaching the call requires grad (positional
+inputs, nested or in the ``partial``'s closure), one empty leaf tensor
+(``torch.empty(0, requires_grad=True)``, 0 bytes) is passed as an extra
+positional input and dropped again before the layer runs.  The checkpoint node
+now exists, so backward recomputes the layer and its parameters get exactly
+the gradients of a run without checkpointing; the anchor itself gets none.
+Everything else (a layer with an input that requires grad, a frozen layer,
+non-reentrant checkpointing, eval, ``no_grad``) is the original call unchanged.
+
+The layer is found from the function transformers hands to the checkpoint:
+the bound method's ``__self__`` (4.53-4.57 ``partial(super().__call__, **kw)``,
+4.52 and earlier ``layer.__call__`` from the model's own loop) or the
+partial's first argument (5.x ``partial(forward, self, **kw)``).
+
+Where: ``PreTrainedModel._set_gradient_checkpointing`` is wrapped so that the
+checkpoint function it hands every module (torch's ``checkpoint`` partial from
+``gradient_checkpointing_enable``, or any function passed in) is wrapped.  That
+covers the 4.52 shape, where the encoder module, not a
+``GradientCheckpointingLayer``, calls the checkpoint.  Models whose
+checkpointing was enabled before hotfix was applied keep their unwrapped
+function (with the start-up hook hotfix is applied before any model exists).
+Reverting restores the method; functions already handed out pass calls
+through unchanged.
+
+On 4.53-4.57 the encoder output of a Whisper LoRA model now requires grad and
+reaches the decoder layers by keyword (``encoder_hidden_states=``):
+``transformers-keyword-tensors`` is what makes that path correct.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any, Optional
+
+import wrapt
+
+from hotfix.patch import Patch
+
+SETTER = "_set_gradient_checkpointing"
+FUNC_PARAMETER = "gradient_checkpointing_func"
+
+
+class FrozenInputsCheckpoint(wrapt.FunctionWrapper):
+    """A module's checkpoint function, wrapped by this patch (marks it against double wrapping)."""
+
+
+def _layer_of(function: Any) -> Any:
+    """The ``nn.Module`` whose call ``function`` is, or None."""
+    from torch import nn
+
+    for _ in range(8):  # partials of partials, bounded
+        if isinstance(function, nn.Module):
+            return function
+        if isinstance(function, functools.partial):
+            if function.args and isinstance(function.args[0], nn.Module):
+                return function.args[0]  # 5.x: partial(forward, self, **kwargs)
+            function = function.func
+            continue
+        owner = getattr(function, "__self__", None)  # bound layer.__call__ / super().__call__
+        return owner if isinstance(owner, nn.Module) else None
+    return None
+
+
+def _is_reentrant(wrapped: Any, kwargs: dict) -> bool:
+    """False only where the call is known to be non-reentrant (which needs no anchor)."""
+    value = kwargs.get("use_reentrant")
+    if value is None and isinstance(wrapped, functools.partial):
+        value = wrapped.keywords.get("use_reentrant")
+    return value is None or bool(value)  # torch's default (None) is reentrant
+
+
+def _checkpoint_with_anchor(wrapped, instance, args, kwargs):
+    """wrapt wrapper around a module's checkpoint function."""
+    if not (patch.applied and args):
+        return wrapped(*args, **kwargs)
+    import torch
+
+    from hotfix.checkpoint_inputs import find_grad_tensors
+
+    function, inputs = args[0], args[1:]
+    if not torch.is_grad_enabled() or not _is_reentrant(wrapped, kwargs):
+        return wrapped(*args, **kwargs)
+    found: list = []
+    seen: set = set()
+    find_grad_tensors(inputs, found, seen)
+    if isinstance(function, functools.partial):
+        find_grad_tensors(function.args, found, seen)
+        find_grad_tensors(function.keywords, found, seen)
+    if found:  # the checkpoint node exists (or the keyword patch's case): leave it
+        return wrapped(*args, **kwargs)
+    layer = _layer_of(function)
+    if layer is None or not layer.training or not any(p.requires_grad for p in layer.parameters()):
+        return wrapped(*args, **kwargs)
+
+    device = next((t.device for t in inputs if isinstance(t, torch.Tensor)), None)
+    anchor = torch.empty(0, device=device, requires_grad=True)
+    n_inputs = len(inputs)
+
+    def run_without_anchor(*all_inputs):
+        return function(*all_inputs[:n_inputs])
+
+    return wrapped(run_without_anchor, *inputs, anchor, **kwargs)
+
+
+def anchored(function: Any) -> Any:
+    """``function`` wrapped by this patch (once)."""
+    if function is None or isinstance(function, FrozenInputsCheckpoint) or not callable(function):
+        return function
+    return FrozenInputsCheckpoint(function, _checkpoint_with_anchor)
+
+
+class TransformersFrozenInputs(Patch):
+    name = "transformers-frozen-inputs"
+    targets = ("transformers.modeling_utils",)
+    # 4.35.0 introduced _set_gradient_checkpointing(enable, gradient_checkpointing_func)
+    # (the mechanism used here); 5.0.0 hooks every sub-model's input embeddings.
+    affected = {"transformers": ">=4.35.0,<5.0.0"}
+    symptom = (
+        "Parameters silently get no gradient with gradient checkpointing (use_reentrant=True) "
+        "when no input of a checkpointed layer requires grad - Whisper + LoRA: encoder adapters never train"
+    )
+    details = (
+        "Adapters (PEFT LoRA) or partially frozen models on 4.x: enable_input_require_grads() hooks only "
+        "the top-level input embeddings, so layers of other sub-models (Whisper encoder, vision towers) "
+        "have no grad-requiring input and their trainable parameters get no gradient under reentrant "
+        "checkpointing. A 0-byte leaf input makes the checkpoint node exist."
+    )
+    upstream = "huggingface/transformers#41993 (enable_input_require_grads on every sub-model, first in 5.0.0)"
+    fixed_in = "5.0.0"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._default_function: Any = None
+
+    def drift(self, module: Any) -> Optional[str]:
+        model = getattr(module, "PreTrainedModel", None)
+        setter = getattr(model, SETTER, None)
+        if setter is None:
+            return f"PreTrainedModel.{SETTER} is missing"
+        try:
+            parameters = inspect.signature(setter).parameters
+        except (TypeError, ValueError) as exc:
+            return f"PreTrainedModel.{SETTER} has no readable signature: {exc!r}"
+        if FUNC_PARAMETER not in parameters or "enable" not in parameters:
+            return f"PreTrainedModel.{SETTER} no longer takes (enable, {FUNC_PARAMETER})"
+        return None
+
+    def _apply(self, module: Any) -> None:
+        default = inspect.signature(getattr(module.PreTrainedModel, SETTER)).parameters[FUNC_PARAMETER].default
+        self._default_function = None if default is inspect.Parameter.empty else default
+        self.wrap(module.PreTrainedModel, SETTER, self._wrap_setter)
+
+    def _wrap_setter(self, wrapped, instance, args, kwargs):
+        """wrapt wrapper around ``PreTrainedModel._set_gradient_checkpointing``."""
+        args = list(args)
+        enable = args[0] if args else kwargs.get("enable", True)
+        if enable:
+            if len(args) >= 2:
+                args[1] = anchored(args[1])
+            elif FUNC_PARAMETER in kwargs:
+                kwargs[FUNC_PARAMETER] = anchored(kwargs[FUNC_PARAMETER])
+            elif self._default_function is not None:
+                kwargs[FUNC_PARAMETER] = anchored(self._default_function)
+        return wrapped(*args, **kwargs)
+
+
+patch = TransformersFrozenInputs()
