@@ -46,7 +46,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from hotfix.gradcheck import FLOOR, GradReport, collect_grads, compare_grads, tolerance_for
+from hotfix.gradcheck import FLOOR, GradReport, collect_grads, compare_grads, describe_problems, tolerance_for
 
 MODES = ("reentrant", "non-reentrant", "default")
 GUARD_EXIT_STATUS = 3
@@ -238,13 +238,7 @@ class ModeResult:
         if self.status == "reference":
             return f"loss {self.loss:.6g}"
         text = f"{self.equal}/{self.total} gradients equal (max rel. error {self.max_error:.1e})"
-        if self.missing:
-            text += f"; {len(self.missing)} missing (e.g. {self.missing[0]})"
-        if self.wrong:
-            text += f"; {len(self.wrong)} wrong (e.g. {self.wrong[0][0]}: {self.wrong[0][1]:.1e})"
-        if self.unexpected:
-            text += f"; {len(self.unexpected)} unexpected (e.g. {self.unexpected[0]})"
-        return text
+        return text + describe_problems(self.missing, self.wrong, self.unexpected)
 
     def to_dict(self) -> Dict[str, Any]:
         return {

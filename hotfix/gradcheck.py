@@ -61,13 +61,19 @@ class GradReport:
 
     def summary(self) -> str:
         text = f"{len(self.equal)}/{self.total} parameter gradients equal (max rel. error {self.max_error:.1e})"
-        if self.missing:
-            text += f"; {len(self.missing)} missing (e.g. {self.missing[0]})"
-        if self.wrong:
-            text += f"; {len(self.wrong)} wrong (e.g. {self.wrong[0][0]}: {self.wrong[0][1]:.1e})"
-        if self.unexpected:
-            text += f"; {len(self.unexpected)} unexpected (e.g. {self.unexpected[0]})"
-        return text
+        return text + describe_problems(self.missing, self.wrong, self.unexpected)
+
+
+def describe_problems(missing: List[str], wrong: List[Tuple[str, float]], unexpected: List[str]) -> str:
+    """'; 3 missing (e.g. name); ...' for the non-equal parameters of a comparison."""
+    text = ""
+    if missing:
+        text += f"; {len(missing)} missing (e.g. {missing[0]})"
+    if wrong:
+        text += f"; {len(wrong)} wrong (e.g. {wrong[0][0]}: {wrong[0][1]:.1e})"
+    if unexpected:
+        text += f"; {len(unexpected)} unexpected (e.g. {unexpected[0]})"
+    return text
 
 
 def compare_grads(

@@ -29,8 +29,7 @@ FORBIDDEN_AT_START = ("wrapt", "importlib.metadata", "importlib.abc", "packaging
 
 # Prepended to child scripts that train.  It must not import hotfix: several
 # children prove that hotfix is (or is not) loaded by transformers' import alone.
-# The config is the one of hotfix.doctor.tiny_whisper (importing hotfix.doctor
-# would import hotfix).
+# The model comes from tests/tiny_models.py (importing hotfix.doctor would import hotfix).
 PRELUDE = textwrap.dedent(
     '''
     import json, os, sys
@@ -40,24 +39,10 @@ PRELUDE = textwrap.dedent(
         return any(type(f).__name__ == "ActivateOnFirstImport" for f in sys.meta_path)
 
     def tiny_whisper(seed=0):
-        import torch
-        from transformers import WhisperConfig, WhisperForConditionalGeneration
+        # tests/ is on the child's PYTHONPATH; tiny_models imports no hotfix.
+        import tiny_models
 
-        config = WhisperConfig(
-            vocab_size=100, num_mel_bins=8, encoder_layers=2, decoder_layers=2,
-            encoder_attention_heads=2, decoder_attention_heads=2, d_model=16,
-            encoder_ffn_dim=32, decoder_ffn_dim=32, max_source_positions=10,
-            max_target_positions=16, pad_token_id=0, bos_token_id=1, eos_token_id=2,
-            decoder_start_token_id=1,
-        )
-        torch.manual_seed(seed)
-        model = WhisperForConditionalGeneration(config).train()
-        generator = torch.Generator().manual_seed(seed + 1)
-        batch = {
-            "input_features": torch.randn(2, 8, 20, generator=generator),
-            "labels": torch.randint(3, 100, (2, 5), generator=generator),
-        }
-        return model, batch
+        return tiny_models.whisper(seed)
 
     def grads(model):
         return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}

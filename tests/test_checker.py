@@ -147,9 +147,7 @@ def test_unpatched_wavlm_runaway_memory_is_caught(unpatched):
 @pytest.mark.parametrize("case", [
     "layoutlm",
     "whisper_frozen_decoder_embeddings",
-    pytest.param("whisper_lora", marks=pytest.mark.xfail(
-        strict=False, reason="no input of a Whisper encoder layer requires grad when the conv front-end is "
-        "frozen: fixed by the separate transformers-frozen-inputs patch, not yet landed")),
+    "whisper_lora",  # fixed by transformers-frozen-inputs
     "wavlm",
 ])
 def test_patched_all_gradients_equal(patched, case):
