@@ -159,7 +159,9 @@ RANK_SCRIPT = textwrap.dedent(
         except Exception as exc:
             out["cases"][case] = {"ok": False, "error": error_line(exc)}
         dist.barrier()
-    print("RESULT " + json.dumps(out), flush=True)
+    # One file per rank: both ranks share stdout, where lines can interleave.
+    with open(os.path.join(os.environ["RESULT_DIR"], "rank%d.json" % out["rank"]), "w") as f:
+        json.dump(out, f)
     dist.destroy_process_group()
     '''
 )
@@ -180,6 +182,7 @@ def torchrun(tmp_path_factory, model, cases, *, disabled=False, pythonpath=()):
         "GLOO_SOCKET_IFNAME": "lo",  # loopback only
         "OMP_NUM_THREADS": "1",
         "TOKENIZERS_PARALLELISM": "false",
+        "RESULT_DIR": str(script.parent),
     }
     if disabled:
         env["HOTFIX_DISABLE"] = "1"
@@ -190,10 +193,9 @@ def torchrun(tmp_path_factory, model, cases, *, disabled=False, pythonpath=()):
         env=env, pythonpath=pythonpath, timeout=LAUNCH_TIMEOUT_S,
     )
     results = {}
-    for line in proc.stdout.splitlines():
-        if line.startswith("RESULT "):
-            result = json.loads(line[len("RESULT "):])
-            results[result["rank"]] = result
+    for path in sorted(script.parent.glob("rank*.json")):
+        result = json.loads(path.read_text())
+        results[result["rank"]] = result
     assert sorted(results) == [0, 1], f"rc {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
     assert proc.returncode == 0, proc.stderr[-3000:]
     return results
