@@ -20,6 +20,12 @@ time"), or, where nothing is freed, the history is walked again and again.
 extra positional inputs and are put back in place inside the recomputation.
 The checkpoint function then returns their gradients exactly once, like any
 other input.  Nothing else about the call changes.
+
+The same holds for a tensor that is passed positionally but *inside a
+container* (5.x MLCD passes ``position_embeddings`` as a list of two tensors
+that depend on the trainable ``class_pos_emb``): the checkpoint only sees
+top-level tensors, so those are lifted too and put back into a rebuilt copy of
+the container during recomputation.
 """
 
 from __future__ import annotations
@@ -93,8 +99,23 @@ def lift_closure_tensors(
     if not isinstance(function, functools.partial):
         return None
     found: List[torch.Tensor] = []
-    find_grad_tensors(function.args, found, set())
-    find_grad_tensors(function.keywords, found, set())
+    seen: set = set()
+    find_grad_tensors(function.args, found, seen)
+    find_grad_tensors(function.keywords, found, seen)
+    # Positional containers (lists/tuples/dicts) holding tensors that need grad:
+    # not checkpoint inputs either, since only top-level tensors are.
+    nested_positions = []
+    for i, arg in enumerate(args):
+        if isinstance(arg, torch.Tensor):
+            continue
+        inner: List[torch.Tensor] = []
+        find_grad_tensors(arg, inner, set())
+        if inner:
+            nested_positions.append(i)
+            for tensor in inner:
+                if id(tensor) not in seen:
+                    seen.add(id(tensor))
+                    found.append(tensor)
     if not found:
         return None
 
@@ -119,7 +140,10 @@ def lift_closure_tensors(
         # The checkpoint function hands back (detached, during recomputation)
         # versions of every input; map the originals' identities onto them.
         replacement = {key: all_args[slot] for key, slot in slots.items()}
-        call_args = _substitute(bound_args, replacement) + tuple(all_args[:n_args])
+        positional = list(all_args[:n_args])
+        for i in nested_positions:
+            positional[i] = _substitute(positional[i], replacement)
+        call_args = _substitute(bound_args, replacement) + tuple(positional)
         call_keywords = _substitute(bound_keywords, replacement)
         return target(*call_args, **call_keywords)
 

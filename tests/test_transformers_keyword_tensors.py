@@ -21,6 +21,7 @@ CASES = [
     "layoutlm",
     "custom-layer",
     "custom-layer-nested",
+    "custom-layer-positional",  # grad tensors in a positional list (5.x MLCD)
     "wavlm",  # last: unpatched it trips the memory guard, which ends the child
 ]
 
@@ -32,7 +33,7 @@ CASES = [
 # onto the layer class after 4.53; 5.x passes Whisper's and LayoutLM's
 # tensors positionally.
 _ALL = set(CASES)
-_CUSTOM = {"custom-layer", "custom-layer-nested"}
+_CUSTOM = {"custom-layer", "custom-layer-nested", "custom-layer-positional"}
 UNPATCHED_BROKEN = {
     "4.52.4": _CUSTOM,
     "4.53.3": _ALL - {"layoutlm"},

@@ -83,8 +83,13 @@ def wavlm(seed=0):
                    "labels": torch.randint(0, 3, (2,), generator=g)}
 
 
-def custom_layer(seed=0, nested=False):
-    """A third-party GradientCheckpointingLayer that takes a grad tensor by keyword."""
+def custom_layer(seed=0, nested=False, positional=False):
+    """A third-party GradientCheckpointingLayer that takes a grad tensor by keyword.
+
+    ``positional``: the grad tensors come positionally but inside a container
+    (5.x MLCD's ``position_embeddings`` list), which reentrant checkpointing
+    does not treat as inputs either.
+    """
     from transformers.modeling_layers import GradientCheckpointingLayer
 
     class MixLayer(GradientCheckpointingLayer):
@@ -121,7 +126,9 @@ def custom_layer(seed=0, nested=False):
             ctx = self.context(x)
             h = self.embed(x)
             for layer in self.layers:
-                if nested:
+                if positional:
+                    h = layer(h, None, [ctx * 0.5, {"ctx": ctx * 0.5}])
+                elif nested:
                     h = layer(h, pair=(ctx * 0.5, {"ctx": ctx * 0.5}))
                 else:
                     h = layer(h, context=ctx)
@@ -138,6 +145,10 @@ def custom_layer_nested(seed=0):
     return custom_layer(seed, nested=True)
 
 
+def custom_layer_positional(seed=0):
+    return custom_layer(seed, positional=True)
+
+
 BUILDERS = {
     "whisper": whisper,
     "whisper-frozen-decoder-embeddings": whisper_frozen,
@@ -146,6 +157,7 @@ BUILDERS = {
     "wavlm": wavlm,
     "custom-layer": custom_layer,
     "custom-layer-nested": custom_layer_nested,
+    "custom-layer-positional": custom_layer_positional,
 }
 
 
