@@ -195,41 +195,44 @@ if sys.argv[1] == "preload-torch":
     import torch  # modeling_whisper imports it anyway; keeps its import out of hotfix's account
 spent = {"activation": 0.0, "apply": 0.0, "finders": 0.0}
 boot = [f for f in sys.meta_path if type(f).__name__ == "ActivateOnFirstImport"][0]
-original_find_spec = boot.find_spec
+original_find_spec, original_activate = boot.find_spec, boot.activate
 
 def timed_find_spec(name, path=None, target=None):
-    claimed_before = boot._claimed
     t = time.perf_counter()
     try:
         return original_find_spec(name, path, target)
     finally:
-        dt = time.perf_counter() - t
-        if not claimed_before and boot._claimed:
-            spent["activation"] += dt          # import hotfix + registry.activate()
-            import hotfix.patch as hp
-            original_apply = hp.Patch.apply
-            def timed_apply(self, module, **kw):
-                t0 = time.perf_counter()
-                try:
-                    return original_apply(self, module, **kw)
-                finally:
-                    spent["apply"] += time.perf_counter() - t0
-            hp.Patch.apply = timed_apply
-            for finder in sys.meta_path:       # wrapt's and hotfix's finders: every later import asks them
-                if type(finder).__module__.startswith(("wrapt", "hotfix")):
-                    def wrap(f=finder, fs=finder.find_spec):
-                        def fs_timed(*a, **k):
-                            t1 = time.perf_counter()
-                            try:
-                                return fs(*a, **k)
-                            finally:
-                                spent["finders"] += time.perf_counter() - t1
-                        f.find_spec = fs_timed
-                    wrap()
-        else:
-            spent["finders"] += dt             # the boot finder's no-op checks
+        spent["finders"] += time.perf_counter() - t   # the boot finder: no-op checks, or arming the trigger
+
+def timed_activate():
+    t = time.perf_counter()
+    try:
+        return original_activate()                    # import hotfix + registry.activate()
+    finally:
+        spent["activation"] += time.perf_counter() - t
+        import hotfix.patch as hp
+        original_apply = hp.Patch.apply
+        def timed_apply(self, module, **kw):
+            t0 = time.perf_counter()
+            try:
+                return original_apply(self, module, **kw)
+            finally:
+                spent["apply"] += time.perf_counter() - t0
+        hp.Patch.apply = timed_apply
+        for finder in sys.meta_path:       # wrapt's and hotfix's finders: every later import asks them
+            if type(finder).__module__.startswith(("wrapt", "hotfix")):
+                def wrap(f=finder, fs=finder.find_spec):
+                    def fs_timed(*a, **k):
+                        t1 = time.perf_counter()
+                        try:
+                            return fs(*a, **k)
+                        finally:
+                            spent["finders"] += time.perf_counter() - t1
+                    f.find_spec = fs_timed
+                wrap()
 
 boot.find_spec = timed_find_spec
+boot.activate = timed_activate
 t = time.perf_counter()
 import transformers.models.whisper.modeling_whisper
 total = time.perf_counter() - t

@@ -1,12 +1,31 @@
-"""Startup hook of hotfix, run by ``hotfix-checkpoint.pth`` (``.start`` on Python >= 3.15).
+"""Start-up hook of hotfix, run by ``hotfix-checkpoint.pth`` (``.start`` on Python >= 3.15).
 
 Why it is so small: site-packages ``.pth`` lines run in *every* interpreter
 start (pip, DataLoader workers, torchrun children), so this module imports
 only ``sys`` and ``_thread``, reads only the environment, and writes nothing.
-It installs one inert-until-needed finder at the front of ``sys.meta_path``;
-the first import of a library hotfix repairs imports ``hotfix`` (wrapt,
-packaging, entry points...), which attaches the patches through wrapt
-post-import hooks, before that library's own modules load.
+
+How it activates hotfix without ever importing under the import lock
+--------------------------------------------------------------------
+It puts one finder at the front of ``sys.meta_path``.  Python calls a finder's
+``find_spec`` while holding its global import lock; importing anything there
+deadlocks against a thread that holds a module lock (``re``, ``logging``...)
+and waits for that global lock.  So for the first import of a trigger
+(transformers, unsloth, unsloth_zoo) ``find_spec`` imports nothing: it asks the
+finders behind it for the trigger's spec and hands that spec back with its
+loader wrapped.  The wrapper's ``exec_module`` runs outside the global lock,
+under the trigger's own module lock, exactly where the trigger's own code is
+about to run its imports: it activates hotfix there, then executes the
+trigger.  Patches attach through wrapt post-import hooks, so they are in place
+before any of the trigger's submodules load.
+
+Which code runs: hotfix's own, found by location
+------------------------------------------------
+The ``.pth`` line loads this file by its path in site-packages (not by a name
+on ``sys.path``, where a user's ``_hotfix_boot.py`` could stand first), and
+activation loads the ``hotfix`` package from the same directory.  A user's own
+``hotfix.py`` or ``hotfix/`` earlier on ``sys.path`` is never executed; a
+damaged or overwritten install, or a foreign ``hotfix`` already imported, is
+one line on stderr and the program goes on without hotfix.
 """
 
 import sys
@@ -21,37 +40,141 @@ TRIGGERS = frozenset({"transformers", "unsloth", "unsloth_zoo"})
 # other non-empty value is left to hotfix.config, which warns about it.
 DISABLE_VALUES = frozenset({"1", "true", "yes", "on"})
 
+PACKAGE = "hotfix"
+DISTRIBUTION = "hotfix-checkpoint"
+# hotfix/__init__.py carries this text; another distribution's hotfix/__init__.py does not.
+MARKER = b"hotfix-checkpoint"
+REINSTALL = "pip install --force-reinstall --no-deps hotfix-checkpoint"
+
+
+def _say(message):
+    sys.stderr.write("hotfix: %s\n" % (message,))
+
+
+class _ActivateBeforeExec:
+    """Loader proxy for the trigger: activate hotfix, then run the real loader."""
+
+    def __init__(self, loader, finder):
+        self._loader = loader
+        self._finder = finder
+
+    def __getattr__(self, name):
+        return getattr(self._loader, name)
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        # Leave no trace of the proxy on the module: it is the real loader's.
+        if getattr(module, "__loader__", None) is self:
+            module.__loader__ = self._loader
+        spec = getattr(module, "__spec__", None)
+        if spec is not None and getattr(spec, "loader", None) is self:
+            spec.loader = self._loader
+        self._finder.activate()
+        self._loader.exec_module(module)
+
 
 class ActivateOnFirstImport:
-    """A meta path finder that never finds anything; it only activates hotfix.
+    """A meta path finder that finds nothing itself; it arms the first trigger's loader.
 
-    It stays in sys.meta_path after activating (as a cheap no-op): removing a
+    It stays in sys.meta_path afterwards (as a cheap no-op): removing a
     finder while the import system iterates over sys.meta_path would make it
     skip the next finder for that one import.
     """
 
-    def __init__(self):
-        # Re-entrant: activation itself imports modules on this thread.  Other
-        # threads importing a trigger wait until activation has finished.
-        self._lock = _thread.RLock()
-        self._claimed = False
+    def __init__(self, home):
+        self.home = home  # the site-packages directory holding this file and hotfix/
+        self.armed = False  # a trigger's loader carries the activation
         self.finished = False
+        self._searching = set()  # thread ids inside our own find_spec (finders may recurse)
 
     def find_spec(self, fullname, path=None, target=None):
-        if self.finished or fullname not in TRIGGERS:
+        if self.armed or target is not None or fullname not in TRIGGERS:
             return None
-        with self._lock:
-            if not self._claimed:
-                self._claimed = True
-                try:
-                    import hotfix  # noqa: F401  (importing activates)
-                except Exception as exc:
-                    sys.stderr.write(
-                        "hotfix: auto-activation failed, continuing without hotfix: %r\n" % (exc,)
-                    )
-                finally:
-                    self.finished = True
+        me = _thread.get_ident()
+        if me in self._searching:
+            return None
+        self._searching.add(me)
+        try:
+            spec = self._spec_from_later_finders(fullname, path)
+        finally:
+            self._searching.discard(me)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return None  # not found, or a loader we cannot wrap: the import system goes on
+        # find_spec runs under the global import lock, so only one thread gets here first.
+        if self.armed:
+            return None
+        self.armed = True
+        spec.loader = _ActivateBeforeExec(spec.loader, self)
+        return spec
+
+    def _spec_from_later_finders(self, fullname, path):
+        finders = list(sys.meta_path)
+        start = finders.index(self) + 1 if self in finders else 0
+        for finder in finders[start:]:
+            find_spec = getattr(finder, "find_spec", None)
+            if find_spec is None or isinstance(finder, ActivateOnFirstImport):
+                continue
+            spec = find_spec(fullname, path, None)
+            if spec is not None:
+                return spec
         return None
+
+    def activate(self):
+        """Load hotfix from ``home`` (importing it activates it); never raises."""
+        if self.finished:
+            return
+        self.finished = True
+        try:
+            load_hotfix(self.home)
+        except Exception as exc:
+            _say("auto-activation failed, continuing without hotfix: %r" % (exc,))
+
+
+def load_hotfix(home):
+    """Import the hotfix package that lives in ``home``, whatever else is on sys.path."""
+    import os  # already loaded by site; imported here so that boot() imports nothing
+
+    package_dir = os.path.join(home, PACKAGE)
+    init = os.path.join(package_dir, "__init__.py")
+    loaded = sys.modules.get(PACKAGE)
+    if loaded is not None:
+        where = getattr(loaded, "__file__", None)
+        if where and os.path.realpath(where) == os.path.realpath(init):
+            return  # `import hotfix` came first: it is active already
+        _say("a different module named 'hotfix' is already imported (%s); %s in %s is not active in this "
+             "process. Rename that module to use both." % (where or loaded, DISTRIBUTION, package_dir))
+        return
+    try:
+        with open(init, "rb") as handle:
+            head = handle.read(4096)
+    except OSError:
+        _say("%s is damaged: %s is missing (uninstalling another distribution named 'hotfix' deletes it); "
+             "continuing without hotfix. Repair: %s" % (DISTRIBUTION, init, REINSTALL))
+        return
+    if MARKER not in head:
+        _say("%s is damaged: %s belongs to another distribution named 'hotfix'; continuing without hotfix. "
+             "Repair: %s" % (DISTRIBUTION, init, REINSTALL))
+        return
+
+    import _frozen_importlib as bootstrap
+    import _frozen_importlib_external as external
+
+    found = external.PathFinder.find_spec(PACKAGE)  # what a plain `import hotfix` would load
+    shadow = None
+    if found is not None and found.origin and os.path.realpath(found.origin) != os.path.realpath(init):
+        shadow = found.origin
+    elif found is not None and not found.origin:  # a namespace directory earlier on sys.path
+        shadow = ", ".join(found.submodule_search_locations or ()) or "a namespace package"
+    spec = external.PathFinder.find_spec(PACKAGE, [home])
+    if spec is None:
+        _say("%s could not be located in %s; continuing without hotfix. Repair: %s" % (DISTRIBUTION, home, REINSTALL))
+        return
+    bootstrap._load(spec)  # the import system's own locked load: sys.modules['hotfix'] is ours
+    if shadow:
+        _say("%s shadows the installed %s; hotfix was loaded from %s instead, so in this process "
+             "`import hotfix` returns %s, not that file. Rename it to use both." % (shadow, DISTRIBUTION, package_dir, DISTRIBUTION))
 
 
 def disabled(environ=None):
@@ -62,17 +185,24 @@ def disabled(environ=None):
     return environ.get("HOTFIX_DISABLE", "").strip().lower() in DISABLE_VALUES
 
 
+def _home():
+    """site-packages: the directory of this file (loaded by location, so __file__ is set)."""
+    here = globals().get("__file__") or ""
+    cut = max(here.rfind("/"), here.rfind("\\"))
+    return here[:cut] if cut > 0 else ""
+
+
 def boot():
     """Entry point of the .pth line and of the PEP 829 .start file."""
     try:
         if disabled():
             return
         for finder in sys.meta_path:
-            if isinstance(finder, ActivateOnFirstImport):
+            if type(finder).__name__ == "ActivateOnFirstImport":
                 return  # booted twice (.pth and .start both honoured): once is enough
-        finder = ActivateOnFirstImport()
+        finder = ActivateOnFirstImport(_home())
         sys.meta_path.insert(0, finder)
         if any(name in sys.modules for name in TRIGGERS):
-            finder.find_spec(next(name for name in TRIGGERS if name in sys.modules))
+            finder.activate()  # a trigger was imported before site ran (rare): nothing left to arm
     except Exception as exc:  # never break interpreter start-up
-        sys.stderr.write("hotfix: boot failed, continuing without hotfix: %r\n" % (exc,))
+        _say("boot failed, continuing without hotfix: %r" % (exc,))

@@ -1,4 +1,4 @@
-"""hotfix: in-place repairs for gradient checkpointing on the library versions that broke it.
+"""hotfix (distribution hotfix-checkpoint): in-place repairs for gradient checkpointing on the library versions that broke it.
 
 ``import hotfix`` activates it (unless ``HOTFIX_DISABLE`` is set); so does the
 ``.pth`` file installed beside it, on the first import of transformers,

@@ -13,7 +13,7 @@ from typing import List, Optional
 
 from hotfix.config import DISABLE_VAR, DISABLED_PATCHES_VAR
 from hotfix.registry import registry
-from hotfix.versions import REPORTED_LIBRARIES, installed_version
+from hotfix.versions import REPORTED_LIBRARIES, reader
 
 
 def _import_targets(patches) -> dict:
@@ -26,7 +26,7 @@ def _import_targets(patches) -> dict:
     for patch in patches.values():
         for target in patch.targets:
             top = target.split(".")[0]
-            if installed_version(top.replace("_", "-"), top) is None or target in sys.modules:
+            if not reader.evidence(top.replace("_", "-"), top).found or target in sys.modules:
                 continue
             try:
                 importlib.import_module(target)
@@ -46,7 +46,7 @@ def status(import_targets: bool = True, out=None) -> int:
     write()
     write("libraries:")
     for dist, module in REPORTED_LIBRARIES.items():
-        write(f"  {dist:<13} {installed_version(dist, module) or 'not installed'}")
+        write(f"  {dist:<13} {reader.evidence(dist, module).describe()}")
     write()
     write("opt-out:")
     write(f"  {DISABLE_VAR}={os.environ.get(DISABLE_VAR, '')!r}" + ("  -> hotfix disabled" if registry.settings.disabled else ""))

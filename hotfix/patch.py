@@ -19,7 +19,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import wrapt
 
-from hotfix.versions import installed_version, version_in_range
+from hotfix.versions import reader, version_in_range
 
 logger = logging.getLogger("hotfix")
 
@@ -106,22 +106,33 @@ class Patch:
         return self.replace(owner, attribute, wrapt.FunctionWrapper(original, wrapper))
 
     # -- public API (owns the checks) -----------------------------------
-    def versions(self) -> Dict[str, Optional[str]]:
-        return {dist: installed_version(dist) for dist in self.affected}
-
     def check(self) -> Verdict:
-        """Does this patch belong here?  Decided from installed versions only."""
-        parts = []
+        """Does this patch belong here?  Decided from the installed versions.
+
+        Each version comes from the metadata and the imported module's
+        ``__version__`` (``hotfix.versions``).  Where neither gives one that
+        parses, the version cannot rule the patch out: the verdict says so and
+        :meth:`apply` lets the drift check, which reads the target's actual
+        code, decide.
+        """
+        parts, unknown = [], []
         for dist, spec in self.affected.items():
-            version = installed_version(dist)
-            if version is None:
+            evidence = reader.evidence(dist)
+            if not evidence.found:
                 return Verdict(False, f"{dist} is not installed")
+            version = evidence.version
+            note = f" ({evidence.problem()})" if evidence.problem() else ""
+            if version is None:
+                unknown.append(f"{dist} version unknown{note}")
+                continue
             inside = version_in_range(version, spec)
             if inside is None:
-                return Verdict(False, f"{dist} version {version!r} cannot be compared with {spec!r}")
+                return Verdict(False, f"the affected range {spec!r} of {dist} is not a valid specifier")
             if not inside:
-                return Verdict(False, f"{dist} {version} is outside the affected range {spec}")
-            parts.append(f"{dist} {version} is in the affected range {spec}")
+                return Verdict(False, f"{dist} {version} is outside the affected range {spec}{note}")
+            parts.append(f"{dist} {version} is in the affected range {spec}{note}")
+        if unknown:
+            parts.append("; ".join(unknown) + ": applied where the target's code has the affected shape (drift check)")
         return Verdict(True, "; ".join(parts) or "no version constraint")
 
     @property
@@ -145,6 +156,8 @@ class Patch:
                 if not reloaded:
                     return True
                 self._applied_targets.remove(name)
+            for dist in self.affected:
+                reader.warn_once(reader.evidence(dist))  # odd or disagreeing versions: one line per library
             verdict = self.check()
             if not verdict.applies:
                 logger.debug("hotfix: %s not applied: %s", self.name, verdict.reason)

@@ -48,15 +48,15 @@ the bound method's ``__self__`` (4.53-4.57 ``partial(super().__call__, **kw)``,
 4.52 and earlier ``layer.__call__`` from the model's own loop) or the
 partial's first argument (5.x ``partial(forward, self, **kw)``).
 
-Where: ``PreTrainedModel._set_gradient_checkpointing`` is wrapped so that the
-checkpoint function it hands every module (torch's ``checkpoint`` partial from
-``gradient_checkpointing_enable``, or any function passed in) is wrapped.  That
-covers the 4.52 shape, where the encoder module, not a
-``GradientCheckpointingLayer``, calls the checkpoint.  Models whose
-checkpointing was enabled before hotfix was applied keep their unwrapped
-function (with the start-up hook hotfix is applied before any model exists).
-Reverting restores the method; functions already handed out pass calls
-through unchanged.
+Where: every checkpointed call reads ``module._gradient_checkpointing_func``
+first, whichever module makes it (a ``GradientCheckpointingLayer`` from 4.53,
+the encoder itself in 4.52 and earlier, models that never moved to the layer
+class).  A data descriptor of that name on ``torch.nn.Module``
+(``hotfix.checkpoint_slot``) returns the stored function wrapped; the model
+keeps exactly what transformers stored (copies, pickles and saves of it hold
+no hotfix object, and a copy is repaired like the original).  Models built
+and set up before hotfix was applied are covered too.  Reverting deletes the
+descriptor.
 
 On 4.53-4.57 the encoder output of a Whisper LoRA model now requires grad and
 reaches the decoder layers by keyword (``encoder_hidden_states=``):
@@ -66,19 +66,12 @@ reaches the decoder layers by keyword (``encoder_hidden_states=``):
 from __future__ import annotations
 
 import functools
-import inspect
 from typing import Any, Optional
 
-import wrapt
-
+from hotfix.checkpoint_slot import ATTRIBUTE, CheckpointFunctionSlot, code_objects
 from hotfix.patch import Patch
 
 SETTER = "_set_gradient_checkpointing"
-FUNC_PARAMETER = "gradient_checkpointing_func"
-
-
-class FrozenInputsCheckpoint(wrapt.FunctionWrapper):
-    """A module's checkpoint function, wrapped by this patch (marks it against double wrapping)."""
 
 
 def _layer_of(function: Any) -> Any:
@@ -108,7 +101,7 @@ def _is_reentrant(wrapped: Any, kwargs: dict) -> bool:
 
 def _checkpoint_with_anchor(wrapped, instance, args, kwargs):
     """wrapt wrapper around a module's checkpoint function."""
-    if not (patch.applied and args):
+    if not args:
         return wrapped(*args, **kwargs)
     import torch
 
@@ -139,13 +132,6 @@ def _checkpoint_with_anchor(wrapped, instance, args, kwargs):
     return wrapped(run_without_anchor, *inputs, anchor, **kwargs)
 
 
-def anchored(function: Any) -> Any:
-    """``function`` wrapped by this patch (once)."""
-    if function is None or isinstance(function, FrozenInputsCheckpoint) or not callable(function):
-        return function
-    return FrozenInputsCheckpoint(function, _checkpoint_with_anchor)
-
-
 class TransformersFrozenInputs(Patch):
     name = "transformers-frozen-inputs"
     targets = ("transformers.modeling_utils",)
@@ -165,40 +151,25 @@ class TransformersFrozenInputs(Patch):
     upstream = "huggingface/transformers#41993 (enable_input_require_grads on every sub-model, first in 5.0.0)"
     fixed_in = "5.0.0"
 
-    def __init__(self) -> None:
-        super().__init__()
-        self._default_function: Any = None
-
     def drift(self, module: Any) -> Optional[str]:
-        model = getattr(module, "PreTrainedModel", None)
-        setter = getattr(model, SETTER, None)
+        import torch
+
+        setter = getattr(getattr(module, "PreTrainedModel", None), SETTER, None)
         if setter is None:
             return f"PreTrainedModel.{SETTER} is missing"
-        try:
-            parameters = inspect.signature(setter).parameters
-        except (TypeError, ValueError) as exc:
-            return f"PreTrainedModel.{SETTER} has no readable signature: {exc!r}"
-        if FUNC_PARAMETER not in parameters or "enable" not in parameters:
-            return f"PreTrainedModel.{SETTER} no longer takes (enable, {FUNC_PARAMETER})"
+        if not any(ATTRIBUTE in code.co_names for code in code_objects(setter)):
+            return f"PreTrainedModel.{SETTER} no longer stores the checkpoint function as {ATTRIBUTE}"
+        present = torch.nn.Module.__dict__.get(ATTRIBUTE)
+        if present is not None and not isinstance(present, CheckpointFunctionSlot):
+            return f"torch.nn.Module already defines {ATTRIBUTE}"
         return None
 
     def _apply(self, module: Any) -> None:
-        default = inspect.signature(getattr(module.PreTrainedModel, SETTER)).parameters[FUNC_PARAMETER].default
-        self._default_function = None if default is inspect.Parameter.empty else default
-        self.wrap(module.PreTrainedModel, SETTER, self._wrap_setter)
+        import torch
+        from torch.compiler import is_compiling
 
-    def _wrap_setter(self, wrapped, instance, args, kwargs):
-        """wrapt wrapper around ``PreTrainedModel._set_gradient_checkpointing``."""
-        args = list(args)
-        enable = args[0] if args else kwargs.get("enable", True)
-        if enable:
-            if len(args) >= 2:
-                args[1] = anchored(args[1])
-            elif FUNC_PARAMETER in kwargs:
-                kwargs[FUNC_PARAMETER] = anchored(kwargs[FUNC_PARAMETER])
-            elif self._default_function is not None:
-                kwargs[FUNC_PARAMETER] = anchored(self._default_function)
-        return wrapped(*args, **kwargs)
+        slot = CheckpointFunctionSlot(torch.nn.Module, _checkpoint_with_anchor, is_compiling)
+        self.replace(torch.nn.Module, ATTRIBUTE, slot)
 
 
 patch = TransformersFrozenInputs()

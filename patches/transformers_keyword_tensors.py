@@ -21,13 +21,17 @@ per-class ``forward_with_checkpointing`` made by ``__init_subclass__``; the
 How this patch fixes it
 -----------------------
 Both shapes read ``self._gradient_checkpointing_func`` at call time.  We put a
-data descriptor of that name on ``GradientCheckpointingLayer``: the function
-that transformers (or unsloth, or PEFT) stores on each layer stays in the
-layer's ``__dict__`` untouched, and reading it returns that same function
-wrapped (wrapt ``FunctionWrapper``) so that closure tensors needing grad are
-lifted into real checkpoint inputs (``hotfix.checkpoint_inputs``).  Because a
-data descriptor on the class wins over the instance dict, layers built before
-hotfix was imported are fixed too, whatever checkpoint function they hold.
+data descriptor of that name on ``GradientCheckpointingLayer``
+(``hotfix.checkpoint_slot``): the function that transformers (or unsloth, or
+PEFT) stores on each layer stays in the layer's ``__dict__`` untouched (copies
+and pickles of the model hold no hotfix object), and reading it returns that
+same function wrapped (wrapt ``FunctionWrapper``) so that closure tensors
+needing grad are lifted into real checkpoint inputs
+(``hotfix.checkpoint_inputs``).  Because a data descriptor on the class wins
+over the instance dict, layers built before hotfix was imported are fixed too,
+whatever checkpoint function they hold.  Under ``torch.compile`` the raw
+function is handed out: dynamo traces the checkpoint itself, and the bug does
+not occur there.
 The wrapper only runs where transformers already decided to checkpoint
 (``gradient_checkpointing and training``); with nothing to lift it makes the
 original call unchanged.  Reverting deletes the descriptor: every layer sees
@@ -36,14 +40,10 @@ its original function again.
 
 from __future__ import annotations
 
-import types
 from typing import Any, Optional
 
-import wrapt
-
+from hotfix.checkpoint_slot import ATTRIBUTE, CheckpointFunctionSlot, code_objects
 from hotfix.patch import Patch
-
-ATTRIBUTE = "_gradient_checkpointing_func"
 
 
 def _checkpoint_with_lifted_inputs(wrapped, instance, args, kwargs):
@@ -61,55 +61,6 @@ def _checkpoint_with_lifted_inputs(wrapped, instance, args, kwargs):
     return wrapped(*args, **kwargs)
 
 
-class LiftingCheckpointFunction:
-    """Data descriptor standing in for ``layer._gradient_checkpointing_func``.
-
-    Storage stays in the instance ``__dict__`` under the same name, so the
-    layer's state is exactly what it would be without hotfix.
-    """
-
-    def __init__(self) -> None:
-        # Every layer of a model holds the same checkpoint function object, so
-        # one cached (function, wrapper) pair serves them all.
-        self._cache: tuple = (None, None)
-
-    def __get__(self, instance: Any, owner: Optional[type] = None) -> Any:
-        if instance is None:
-            return self
-        try:
-            raw = instance.__dict__[ATTRIBUTE]
-        except KeyError:
-            raise AttributeError(ATTRIBUTE) from None
-        if raw is None:
-            return None
-        cached_raw, cached_wrapper = self._cache
-        if cached_raw is raw:
-            return cached_wrapper
-        wrapper = wrapt.FunctionWrapper(raw, _checkpoint_with_lifted_inputs)
-        self._cache = (raw, wrapper)
-        return wrapper
-
-    def __set__(self, instance: Any, value: Any) -> None:
-        instance.__dict__[ATTRIBUTE] = value
-
-    def __delete__(self, instance: Any) -> None:
-        try:
-            del instance.__dict__[ATTRIBUTE]
-        except KeyError:
-            raise AttributeError(ATTRIBUTE) from None
-
-
-def _code_objects(function: Any):
-    """The code of ``function`` and every code object nested in it."""
-    function = getattr(function, "__func__", function)
-    code = getattr(function, "__code__", None)
-    stack = [code] if code is not None else []
-    while stack:
-        code = stack.pop()
-        yield code
-        stack.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
-
-
 def calls_checkpoint_with_partial(layer_class: type) -> bool:
     """Does the layer class read ``_gradient_checkpointing_func`` next to ``partial``?
 
@@ -118,7 +69,7 @@ def calls_checkpoint_with_partial(layer_class: type) -> bool:
     and this patch's assumptions no longer hold.
     """
     for attribute in ("__call__", "__init_subclass__", "forward"):
-        for code in _code_objects(layer_class.__dict__.get(attribute)):
+        for code in code_objects(layer_class.__dict__.get(attribute)):
             if ATTRIBUTE in code.co_names and "partial" in code.co_names:
                 return True
     return False
@@ -150,7 +101,10 @@ class TransformersKeywordTensors(Patch):
         return None
 
     def _apply(self, module: Any) -> None:
-        self.replace(module.GradientCheckpointingLayer, ATTRIBUTE, LiftingCheckpointFunction())
+        from torch.compiler import is_compiling  # modeling_layers imported torch already
+
+        layer = module.GradientCheckpointingLayer
+        self.replace(layer, ATTRIBUTE, CheckpointFunctionSlot(layer, _checkpoint_with_lifted_inputs, is_compiling))
 
 
 patch = TransformersKeywordTensors()

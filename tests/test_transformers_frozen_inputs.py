@@ -30,7 +30,6 @@ CHILD = r"""
 import hashlib, json, sys
 import torch, transformers
 import hotfix, tiny_models
-import transformers.modeling_utils as mu
 from hotfix.gradcheck import collect_grads, compare_grads
 
 def digest(loss, grads):
@@ -46,10 +45,12 @@ for case in sys.argv[1:]:
     if case == "--revert":  # checkpointing enabled with hotfix, then hotfix undone
         model, batch = tiny_models.whisper_qv_only()
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
-        out.update(before=type(model.model.encoder.layers[0].__dict__["_gradient_checkpointing_func"]).__name__)
-        wrapped = mu.PreTrainedModel.__dict__["_set_gradient_checkpointing"]
+        stored = model.model.encoder.layers[0].__dict__["_gradient_checkpointing_func"]
+        out.update(before=type(torch.nn.Module.__dict__.get("_gradient_checkpointing_func")).__name__,
+                   stored_is_plain=type(stored).__name__ == "partial")
         out.update(reverted=hotfix.revert())
-        out.update(restored=mu.PreTrainedModel.__dict__["_set_gradient_checkpointing"] is wrapped.__wrapped__)
+        out.update(restored="_gradient_checkpointing_func" not in torch.nn.Module.__dict__
+                   and model.model.encoder.layers[0]._gradient_checkpointing_func is stored)
         model.zero_grad(set_to_none=True); model(**batch).loss.backward()
         out.update(missing=sum(p.grad is None for p in model.parameters() if p.requires_grad))
         print(json.dumps(out), flush=True)
@@ -139,9 +140,9 @@ def test_frozen_inputs_gradients(version):
         assert plain_without["status"] == plain_with["status"] == "equal", (plain_without, plain_with)
         assert plain_with["loss"] == plain_without["loss"]
         assert plain_with["digest"] == plain_without["digest"]
-        # hotfix.revert() puts the original method back; functions already handed
-        # to the model's modules pass calls through: upstream's 8 missing again.
+        # The model stores transformers' own function; hotfix.revert() removes the
+        # class-level slot, so the same model is upstream again: 8 missing.
         revert = with_patch["--revert"]
-        assert revert["before"] == "FrozenInputsCheckpoint", revert
+        assert revert["before"] == "CheckpointFunctionSlot" and revert["stored_is_plain"], revert
         assert PATCH in revert["reverted"] and revert["restored"], revert
         assert revert["missing"] == 8, revert
