@@ -141,8 +141,8 @@ def load_hotfix(home):
     loaded = sys.modules.get(PACKAGE)
     if loaded is not None:
         where = getattr(loaded, "__file__", None)
-        if where and os.path.realpath(where) == os.path.realpath(init):
-            return  # `import hotfix` came first: it is active already
+        if getattr(loaded, "DISTRIBUTION", None) == DISTRIBUTION:
+            return  # `import hotfix` came first (installed, or a source checkout): it is active already
         _say("a different module named 'hotfix' is already imported (%s); %s in %s is not active in this "
              "process. Rename that module to use both." % (where or loaded, DISTRIBUTION, package_dir))
         return

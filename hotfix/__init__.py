@@ -9,11 +9,14 @@ from __future__ import annotations
 
 from typing import List
 
+from hotfix import checkout
 from hotfix.patch import Patch, Verdict
 from hotfix.registry import ENTRY_POINT_GROUP, registry
 
 __all__ = ["Patch", "Verdict", "activate", "revert", "known_patches", "ENTRY_POINT_GROUP", "__version__"]
 __version__ = "0.1.0"
+#: the start-up hook tells hotfix-checkpoint from a user's own module named hotfix by this
+DISTRIBUTION = "hotfix-checkpoint"
 
 
 def activate() -> bool:
@@ -34,6 +37,7 @@ def known_patches():
 
 
 try:
+    checkout.map_patches_folder()  # a source checkout: patches/ is hotfix.patches, as installed
     activate()
 except Exception as exc:  # never let hotfix break the user's import
     import logging

@@ -23,31 +23,12 @@ from typing import Dict, List, Optional
 import wrapt
 
 from hotfix.config import DISABLED_PATCHES_VAR, Settings, normalize_patch_name, read_settings
-from hotfix import reload_watch
+from hotfix import checkout, reload_watch
 from hotfix.patch import Patch
 
 logger = logging.getLogger("hotfix")
 
 ENTRY_POINT_GROUP = "hotfix.patches"
-
-# Used only when hotfix runs from a source checkout without installed metadata
-# (no entry points to read); an installed hotfix always goes through the group.
-_BUILTIN_ENTRY_POINTS = {
-    "transformers-frozen-inputs": "hotfix.patches.transformers_frozen_inputs:patch",
-    "transformers-keyword-tensors": "hotfix.patches.transformers_keyword_tensors:patch",
-    "unsloth-zoo-closure-tensors": "hotfix.patches.unsloth_zoo_closure_tensors:patch",
-    "unsloth-zoo-offload-backward": "hotfix.patches.unsloth_zoo_offload_backward:patch",
-}
-
-
-# patches/ becomes hotfix.patches only when installed (package-dir mapping),
-# so `python -m hotfix` run inside a source checkout imports a hotfix without
-# its fixes.  Say so instead of leaving a bare ModuleNotFoundError.
-_SOURCE_TREE_HINT = (
-    "hotfix.patches exists only in an installed hotfix (pip install . or -e .); "
-    "if you are inside a source checkout, run from another directory"
-)
-
 
 def _load_entry_point(name: str, value: str) -> Optional[Patch]:
     loaded = metadata.EntryPoint(name=name, value=value, group=ENTRY_POINT_GROUP).load()
@@ -78,7 +59,8 @@ class Registry:
             logger.warning("hotfix: could not read entry points of %s: %r", ENTRY_POINT_GROUP, exc)
             found = {}
         if not any(value.startswith("hotfix.patches.") for value in found.values()):
-            for name, value in _BUILTIN_ENTRY_POINTS.items():
+            # A source checkout without installed metadata: the same declarations, from pyproject.toml.
+            for name, value in checkout.entry_points(ENTRY_POINT_GROUP).items():
                 found.setdefault(name, value)
         return found
 
@@ -91,8 +73,6 @@ class Registry:
                     try:
                         patch = _load_entry_point(ep_name, value)
                     except Exception as exc:
-                        if value.startswith("hotfix.patches.") and isinstance(exc, ImportError):
-                            exc = ImportError(f"{exc}; {_SOURCE_TREE_HINT}")
                         self.load_errors[ep_name] = repr(exc)
                         logger.warning(
                             "hotfix: plugin patch %r (%s) could not be loaded and is skipped: %r",
