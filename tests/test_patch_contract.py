@@ -1,0 +1,116 @@
+"""One contract, checked the same way for every registered fix (dd-trace's PatchTestCase idea).
+
+For each patch that ``hotfix.known_patches()`` discovers through the entry-point
+group, in a fresh interpreter, with its target imported before or after
+``import hotfix``:
+
+* it is applied exactly once to each target, and applying / activating again
+  changes nothing;
+* ``revert()`` leaves every object it could have touched ``is``-identical to
+  what was there before hotfix came (the target module's namespace, the
+  ``__dict__`` of every class defined there, ``torch.nn.Module`` and, for the
+  transformers targets, ``GradientCheckpointingLayer``);
+* on a target whose shape drifted (an empty module of the same name) ``drift``
+  returns a reason, ``apply`` returns False and logs exactly one line.
+
+A new fix registered in pyproject.toml is picked up here with no edit.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from conftest import TESTS, json_lines, matrix_path, run_python
+
+CHILD = r"""
+import importlib, inspect, io, json, logging, sys, types
+name, order = sys.argv[1], sys.argv[2]
+# Take the start-up hook out: "before" must really import the target before hotfix.
+sys.meta_path[:] = [f for f in sys.meta_path if type(f).__name__ != "ActivateOnFirstImport"]
+ZOO = "unsloth_zoo.gradient_checkpointing"
+
+def import_targets(targets):
+    for target in targets:
+        if target == ZOO:
+            import zoo_loader
+            zoo_loader.install_stubs(zoo_loader.zoo_dir())
+        importlib.import_module(target)
+
+def touched_objects(targets):
+    # Everything a fix of these targets may change, by identity.
+    import torch
+    owners = [torch.nn.Module]
+    for target in targets:
+        module = sys.modules[target]
+        owners.append(module)
+        owners += [v for v in vars(module).values() if inspect.isclass(v) and v.__module__ == target]
+    if any(t.startswith("transformers") for t in targets):
+        import transformers.modeling_layers as ml, transformers.modeling_utils as mu
+        owners += [ml.GradientCheckpointingLayer, mu.PreTrainedModel]
+    return {f"{getattr(o, '__name__', o)}.{k}": id(v) for o in owners for k, v in list(vars(o).items())}
+
+targets = sys.argv[3].split(",")
+if order == "before":
+    import_targets(targets)
+    snapshot = touched_objects(targets)
+import hotfix
+from hotfix.registry import registry
+stream = io.StringIO()
+handler = logging.StreamHandler(stream)
+logging.getLogger("hotfix").addHandler(handler)
+if order == "after":
+    import_targets(targets)
+patch = hotfix.known_patches()[name]
+out = {"applied": list(patch.applied_targets), "undo": len(patch._undo)}
+out["apply_again"] = [patch.apply(sys.modules[t]) for t in targets]
+out["activate_again"] = hotfix.activate()
+out["applied_after_again"] = list(patch.applied_targets)
+out["undo_after_again"] = len(patch._undo)
+hotfix.revert()
+if order == "before":
+    after = touched_objects(targets)
+    out["changed_after_revert"] = sorted(k for k in set(snapshot) | set(after) if snapshot.get(k) != after.get(k))
+fresh = type(patch)()
+drifted = types.ModuleType(targets[0])
+out["drift_reason"] = fresh.drift(drifted)
+stream.truncate(0); stream.seek(0)
+out["apply_drifted"] = fresh.apply(drifted)
+out["drift_lines"] = [l for l in stream.getvalue().splitlines() if l.strip()]
+print(json.dumps(out))
+"""
+
+
+def _patches():
+    from hotfix.registry import registry
+
+    return sorted((name, patch.targets) for name, patch in registry.patches().items())
+
+
+def _pythonpath(targets):
+    if any(t.startswith("unsloth_zoo") for t in targets):
+        return [matrix_path("unsloth-zoo", "2025.11.3"), TESTS]  # in range for both zoo fixes
+    return []
+
+
+def _run(name, targets, order):
+    proc = run_python(["-c", CHILD, name, order, ",".join(targets)], env={"OMP_NUM_THREADS": "1"},
+                      pythonpath=_pythonpath(targets), timeout=300)
+    lines = json_lines(proc.stdout)
+    assert lines, proc.stderr[-3000:]
+    return lines[0]
+
+
+@pytest.mark.parametrize("name, targets", _patches())
+def test_every_registered_fix_follows_the_contract(name, targets):
+    with ThreadPoolExecutor(2) as pool:
+        before, after = pool.map(lambda order: _run(name, targets, order), ("before", "after"))
+    for seen in (before, after):
+        assert seen["applied"] == list(targets), seen
+        assert seen["apply_again"] == [True] * len(targets) and seen["activate_again"] is True, seen
+        assert seen["applied_after_again"] == list(targets) and seen["undo_after_again"] == seen["undo"], seen
+        assert isinstance(seen["drift_reason"], str) and seen["drift_reason"], seen
+        assert seen["apply_drifted"] is False, seen
+        assert len(seen["drift_lines"]) == 1 and name in seen["drift_lines"][0] and "skipped" in seen["drift_lines"][0], seen
+    assert before["changed_after_revert"] == [], before

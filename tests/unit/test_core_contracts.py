@@ -1,0 +1,217 @@
+"""In-process unit tests of the core contracts: seconds, no child interpreter, no release matrix.
+
+Run alone with ``python -m pytest tests/unit`` from the repository root (a
+checkout imports like an install, hotfix/checkout.py) or inside the full suite.
+"""
+
+from __future__ import annotations
+
+import collections
+import copy
+import functools
+import importlib
+import logging
+import pickle
+import sys
+import types
+
+import pytest
+import torch
+
+from hotfix.checkpoint_inputs import find_grad_tensors, lift_closure_tensors
+from hotfix.checkpoint_slot import ATTRIBUTE, CheckpointFunctionSlot
+from hotfix.config import parse_disable, parse_log_level, parse_patch_list
+from hotfix.patch import Patch
+from hotfix.reload_watch import ReloadWatcher
+
+Pair = collections.namedtuple("Pair", "first second")
+
+
+class Record(dict):
+    """A dict subclass, like transformers' ModelOutput."""
+
+
+# --------------------------------------------------------------------------- lifting
+def _layer(hidden, *, context, extra=None):
+    out = hidden * context["scale"] + context["pair"].second
+    return out + (extra if extra is not None else 0)
+
+
+def test_lift_moves_closure_tensors_to_inputs_and_rebuilds_containers():
+    scale = torch.randn(3, requires_grad=True)
+    second = torch.randn(3, requires_grad=True)
+    hidden = torch.randn(3, requires_grad=True)
+    context = Record(scale=scale, pair=Pair(torch.zeros(3), second))
+    function = functools.partial(_layer, context=context)
+    lifted = lift_closure_tensors(function, (hidden,))
+    assert lifted is not None
+    new_function, inputs = lifted
+    assert inputs[0] is hidden and {id(t) for t in inputs[1:]} == {id(scale), id(second)}
+    seen = {}
+
+    def spy(hidden, *, context, extra=None):
+        seen["types"] = (type(context), type(context["pair"]))
+        return _layer(hidden, context=context, extra=extra)
+
+    spy_function, spy_inputs = lift_closure_tensors(functools.partial(spy, context=context), (hidden,))
+    twins = [t.detach().requires_grad_() for t in spy_inputs]
+    torch.testing.assert_close(spy_function(*twins), _layer(hidden, context=context))
+    assert seen["types"] == (Record, Pair)  # named tuple and dict subclass keep their class
+
+
+def test_lift_returns_none_when_nothing_needs_grad_or_no_partial():
+    hidden = torch.randn(3, requires_grad=True)
+    assert lift_closure_tensors(functools.partial(_layer, context={"scale": torch.ones(3),
+                                                                  "pair": Pair(0, torch.ones(3))}), (hidden,)) is None
+    assert lift_closure_tensors(lambda h: h, (hidden,)) is None
+
+
+def test_lift_does_not_duplicate_a_tensor_that_is_also_positional():
+    hidden = torch.randn(3, requires_grad=True)
+    function, inputs = lift_closure_tensors(functools.partial(_layer, context={"scale": hidden, "pair": Pair(0, hidden)}),
+                                            (hidden,))
+    assert len(inputs) == 1 and inputs[0] is hidden
+
+
+def test_positional_container_tensors_are_lifted():
+    a, b = torch.randn(2, requires_grad=True), torch.randn(2, requires_grad=True)
+    function, inputs = lift_closure_tensors(functools.partial(lambda pair: pair[0] * pair[1]), ([a, b],))
+    assert [id(t) for t in inputs[1:]] == [id(a), id(b)]
+    twin_a, twin_b = torch.ones(2), torch.full((2,), 2.0)
+    torch.testing.assert_close(function([a, b], twin_a, twin_b), torch.full((2,), 2.0))
+
+
+def test_find_grad_tensors_collects_each_tensor_once():
+    t = torch.randn(1, requires_grad=True)
+    found = []
+    find_grad_tensors({"x": (t, [t, torch.zeros(1)])}, found, set())
+    assert found == [t]
+
+
+# --------------------------------------------------------------------------- the Patch contract
+class Owner:
+    def method(self):
+        return 1
+
+
+class Fix(Patch):
+    name = "unit-fix"
+    targets = ("unit_target",)
+
+    def __init__(self, fail_after_first=False, shape_ok=True):
+        super().__init__()
+        self.fail_after_first, self.shape_ok = fail_after_first, shape_ok
+
+    def drift(self, module):
+        return None if self.shape_ok else "Owner is gone"
+
+    def _apply(self, module):
+        self.wrap(module.Owner, "method", lambda wrapped, instance, args, kwargs: wrapped() + 10)
+        if self.fail_after_first:
+            raise RuntimeError("half-way")
+        self.replace(module, "added", True)
+
+
+@pytest.fixture
+def target():
+    module = types.ModuleType("unit_target")
+    module.Owner = type("Owner", (Owner,), {"method": Owner.method})
+    return module
+
+
+def test_apply_revert_is_identity_and_never_stacks(target):
+    original = target.Owner.__dict__["method"]
+    fix = Fix()
+    assert fix.apply(target) and fix.apply(target)  # second call: already applied
+    assert target.Owner().method() == 11 and target.added is True
+    assert fix.revert()
+    assert target.Owner.__dict__["method"] is original and not hasattr(target, "added")
+    assert not fix.revert()  # nothing left to undo
+
+
+def test_failing_apply_rolls_back_what_it_changed(target, caplog):
+    original = target.Owner.__dict__["method"]
+    fix = Fix(fail_after_first=True)
+    with caplog.at_level(logging.WARNING, logger="hotfix"):
+        assert fix.apply(target) is False
+    assert target.Owner.__dict__["method"] is original
+    assert "half-way" in fix.last_error and len(caplog.records) == 1
+
+
+def test_drift_skips_with_one_line(target, caplog):
+    fix = Fix(shape_ok=False)
+    with caplog.at_level(logging.WARNING, logger="hotfix"):
+        assert fix.apply(target) is False
+    assert [r.getMessage() for r in caplog.records] == [
+        "hotfix: patch unit-fix skipped: unit_target doesn't match: Owner is gone"]
+
+
+# --------------------------------------------------------------------------- config
+@pytest.mark.parametrize("raw, disabled", [(None, False), ("", False), (" on ", True), ("OFF", False), ("maybe", True)])
+def test_parse_disable(raw, disabled):
+    assert parse_disable(raw) is disabled
+
+
+def test_parse_patch_list_and_log_level():
+    assert parse_patch_list(" Transformers_Keyword-Tensors , ,x ") == {"transformers-keyword-tensors", "x"}
+    assert parse_log_level(" info ") == "INFO" and parse_log_level("loud") is None and parse_log_level("") is None
+
+
+# --------------------------------------------------------------------------- reload watcher
+def test_reload_watcher_acts_on_reload_only(tmp_path, monkeypatch):
+    (tmp_path / "unit_reloaded.py").write_text("VALUE = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    calls = []
+    watcher = ReloadWatcher(lambda: {"unit_reloaded"}, lambda module: calls.append(module.VALUE))
+    sys.meta_path.insert(0, watcher)
+    try:
+        module = importlib.import_module("unit_reloaded")
+        assert calls == []  # an ordinary import is not a reload
+        (tmp_path / "unit_reloaded.py").write_text("VALUE = 2  # changed\n")
+        importlib.invalidate_caches()
+        importlib.reload(module)
+        assert calls == [2]
+        assert type(module.__loader__).__name__ == "SourceFileLoader"  # the proxy left no trace
+    finally:
+        sys.meta_path.remove(watcher)
+        sys.modules.pop("unit_reloaded", None)
+
+
+# --------------------------------------------------------------------------- checkpoint slot
+def _tag(label):
+    def wrapper(wrapped, instance, args, kwargs):
+        return (label, wrapped(*args, **kwargs))
+    return wrapper
+
+
+class Base(torch.nn.Module):
+    pass
+
+
+class Layer(Base):
+    pass
+
+
+def test_slots_compose_up_the_mro_and_the_instance_keeps_the_raw_function():
+    compiling = []
+    slots = {Base: CheckpointFunctionSlot(Base, _tag("base"), lambda: bool(compiling)),
+             Layer: CheckpointFunctionSlot(Layer, _tag("layer"), lambda: bool(compiling))}
+    for owner, slot in slots.items():
+        setattr(owner, ATTRIBUTE, slot)
+    try:
+        layer = Layer()
+        assert getattr(layer, ATTRIBUTE) is None  # unset reads as None (dir()/getattr loops work)
+        setattr(layer, ATTRIBUTE, lambda x: x + 1)
+        raw = layer.__dict__[ATTRIBUTE]
+        assert getattr(layer, ATTRIBUTE)(1) == ("layer", ("base", 2))
+        assert getattr(Base(), ATTRIBUTE) is None
+        compiling.append(True)
+        assert getattr(layer, ATTRIBUTE) is raw  # dynamo gets the raw function
+        compiling.clear()
+        setattr(layer, ATTRIBUTE, functools.partial(max, 0))
+        clone = copy.deepcopy(layer)
+        assert pickle.loads(pickle.dumps(layer)).__dict__[ATTRIBUTE].func is max
+        assert getattr(clone, ATTRIBUTE)(5) == ("layer", ("base", 5))
+    finally:
+        for owner in slots:
+            delattr(owner, ATTRIBUTE)
