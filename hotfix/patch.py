@@ -101,8 +101,14 @@ class Patch:
         return new
 
     def wrap(self, owner: Any, attribute: str, wrapper: Callable) -> Any:
-        """Wrap ``owner.attribute`` with a wrapt ``FunctionWrapper``."""
-        original = getattr(owner, attribute)
+        """Wrap ``owner.attribute`` with a wrapt ``FunctionWrapper``, set on ``owner`` itself.
+
+        The original comes from wrapt's ``resolve_path``, which looks a class
+        attribute up in the ``__dict__`` along the MRO instead of binding it:
+        a ``classmethod``/``staticmethod`` (even an inherited one) is wrapped
+        as the descriptor it is, so it binds per call like the original.
+        """
+        _, _, original = wrapt.resolve_path(owner, attribute)
         return self.replace(owner, attribute, wrapt.FunctionWrapper(original, wrapper))
 
     # -- public API (owns the checks) -----------------------------------

@@ -33,14 +33,10 @@ inherited ``Function.apply`` is visible again.
 
 from __future__ import annotations
 
-import inspect
 from typing import Any, Optional
 
-import wrapt
-
 from hotfix.patch import Patch
-
-CLASS_NAME = "UnslothCheckpointFunction"
+from hotfix.patches._unsloth_checkpoint_shape import CLASS_NAME, checkpoint_function_drift
 
 
 def _apply_with_lifted_inputs(wrapped, instance, args, kwargs):
@@ -55,33 +51,6 @@ def _apply_with_lifted_inputs(wrapped, instance, args, kwargs):
             function, inputs = lifted
             return wrapped(function, args[1], *inputs)
     return wrapped(*args, **kwargs)
-
-
-def checkpoint_function_drift(module: Any) -> Optional[str]:
-    """Shared by both unsloth-zoo patches: is UnslothCheckpointFunction what we know?"""
-    import torch  # here, not at module level: loading a patch must not import torch
-
-    cls = getattr(module, CLASS_NAME, None)
-    if not isinstance(cls, type) or not issubclass(cls, torch.autograd.Function):
-        return f"{CLASS_NAME} is missing or not a torch.autograd.Function"
-    if not isinstance(inspect.getattr_static(cls, "apply", None), classmethod):
-        return f"{CLASS_NAME}.apply is not a classmethod"
-    forward = inspect.getattr_static(cls, "forward", None)
-    if not isinstance(forward, staticmethod):
-        return f"{CLASS_NAME}.forward is not a staticmethod"
-    try:
-        params = list(inspect.signature(forward.__func__).parameters.values())
-    except (TypeError, ValueError):
-        return f"{CLASS_NAME}.forward has no readable signature"
-    shape = [p.kind for p in params]
-    if shape != [
-        inspect.Parameter.POSITIONAL_OR_KEYWORD,
-        inspect.Parameter.POSITIONAL_OR_KEYWORD,
-        inspect.Parameter.POSITIONAL_OR_KEYWORD,
-        inspect.Parameter.VAR_POSITIONAL,
-    ]:
-        return f"{CLASS_NAME}.forward is no longer forward(ctx, run_function, preserve_rng_state, *args)"
-    return None
 
 
 class UnslothZooClosureTensors(Patch):
@@ -106,13 +75,10 @@ class UnslothZooClosureTensors(Patch):
         return checkpoint_function_drift(module)
 
     def _apply(self, module: Any) -> None:
-        cls = getattr(module, CLASS_NAME)
-        # Wrap the classmethod object itself (not the bound method that
-        # getattr returns, as Patch.wrap would): bound to cls it would pass
-        # cls even for a subclass's apply.  Setting it on cls shadows the
-        # inherited Function.apply; revert deletes it again.
-        raw = inspect.getattr_static(cls, "apply")
-        self.replace(cls, "apply", wrapt.FunctionWrapper(raw, _apply_with_lifted_inputs))
+        # Patch.wrap takes the inherited classmethod object itself (wrapt's
+        # resolve_path), so the wrapper binds to whichever class calls apply;
+        # set on the class, it shadows Function.apply until revert deletes it.
+        self.wrap(getattr(module, CLASS_NAME), "apply", _apply_with_lifted_inputs)
 
 
 patch = UnslothZooClosureTensors()

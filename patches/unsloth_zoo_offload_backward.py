@@ -49,7 +49,7 @@ import contextlib
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from hotfix.patch import Patch
-from hotfix.patches.unsloth_zoo_closure_tensors import CLASS_NAME, checkpoint_function_drift
+from hotfix.patches._unsloth_checkpoint_shape import CLASS_NAME, checkpoint_function_drift
 from hotfix.versions import installed_version, version_in_range
 
 if TYPE_CHECKING:
