@@ -73,9 +73,8 @@ def status(import_targets: bool = True, out=None) -> int:
             state = "waiting for " + ", ".join(patch.targets) + " to be imported"
         write(f"  {patch.name}: {state}")
         write(f"    fixes:    {patch.symptom}")
-        details = getattr(patch, "details", "")
-        if details:
-            write(f"    covers:   {details}")
+        if patch.details:
+            write(f"    covers:   {patch.details}")
         write(f"    here:     {'applies' if verdict.applies else 'does not apply'}: {verdict.reason}")
         write(f"    upstream: {patch.upstream}; fixed in: {patch.fixed_in or 'no release yet'}")
     return 0

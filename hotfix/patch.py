@@ -45,6 +45,8 @@ class Patch:
     affected: Mapping[str, str] = {}
     #: one line a user would recognise (the error text they search for)
     symptom: str = ""
+    #: optional: which models / call shapes it covers and how (``hotfix status`` "covers:")
+    details: str = ""
     #: upstream issue / PR that introduced or tracks the bug
     upstream: str = ""
     #: first upstream release with the fix, or None when there is none

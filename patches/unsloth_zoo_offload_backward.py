@@ -5,13 +5,13 @@ What breaks
 2025.1.1 rewrote ``UnslothCheckpointFunction`` to offload each layer's first
 input (``args[0]``) to host memory.  Two defects came with it:
 
-* D2 (2025.1.1 - 2026.8.10): whether the node needs a backward is decided from
+* frozen first input (2025.1.1 - 2026.8.10): whether the node needs a backward is decided from
   ``args[0]`` alone.  When ``args[0]`` is frozen but another input requires
   grad (frozen embeddings + LoRA; Whisper's decoder with frozen embeddings once
   ``encoder_hidden_states`` is an input), forward saves nothing and backward
   returns a bare ``None``: "function UnslothCheckpointFunctionBackward returned
   an incorrect number of gradients (expected N, got 1)".  Fixed in 2026.8.11.
-* D3 (2025.1.1 - 2025.11.4): the offload gate ``CURRENT_GC_INDEX !=
+* late offload (2025.1.1 - 2025.11.4): the offload gate ``CURRENT_GC_INDEX !=
   LAST_GC_INDEX`` is false for every layer of the first pass, so the first
   step keeps every activation on the GPU: the peak memory of step 1 is that of
   no offloading, and a run sized for offloading runs out of memory at step 1.
@@ -25,10 +25,10 @@ releases we replace the two staticmethods with our own reentrant checkpoint
 (built here, offloading through ``hotfix.offload.ActivationOffloader``):
 
 * every tensor input is saved (or, for ``args[0]``, offloaded) and backward
-  returns a gradient slot for every input: D2 cannot happen;
+  returns a gradient slot for every input: no frozen-first-input crash;
 * ``args[0]`` is offloaded from the first step whenever it is above the size
   threshold (2 MiB, like unsloth), except the last layer once the first pass
-  has told us how many layers there are: D3 cannot happen;
+  has told us how many layers there are: no late offload;
 * RNG state, autocast state and the recomputation under ``enable_grad`` are
   handled as torch's own reentrant ``CheckpointFunction`` does;
 * on releases that have it (2026.7.1+), the recomputation runs inside the
@@ -60,7 +60,7 @@ if TYPE_CHECKING:
 TORCH_HELPERS = ("_infer_device_type", "_get_autocast_kwargs", "_get_device_module",
                  "get_device_states", "set_device_states")
 RECOMPUTE_MARKER = "_gradient_checkpoint_recompute_marker"
-D3_FIXED_IN = "2025.11.5"
+LATE_OFFLOAD_FIXED_IN = "2025.11.5"
 
 _INVALID_CHECKPOINT = (
     "When use_reentrant=True, torch.utils.checkpoint is incompatible"
@@ -106,7 +106,7 @@ def build_checkpoint_methods(offloader: "ActivationOffloader", recompute_marker:
             if torch.is_tensor(arg):
                 if i == 0 and arg.requires_grad:
                     ticket = offloader.offload(arg)
-                # Every tensor is saved (D2 fix: upstream saved only when args[0]
+                # Every tensor is saved (frozen-first-input fix: upstream saved only when args[0]
                 # needed grad); an offloaded args[0] is saved as None.
                 tensors.append(None if ticket is not None and i == 0 else arg)
                 ctx.tensor_indices.append(i)
@@ -199,17 +199,17 @@ class UnslothZooOffloadBackward(Patch):
     @property
     def details(self) -> str:
         """What is broken in the installed release (shown by ``hotfix status``)."""
-        d2 = "frozen args[0] gives too few gradients (D2, 2025.1.1-2026.8.10)"
-        d3 = "no offloading during the first step (D3, 2025.1.1-2025.11.4)"
+        frozen = "frozen args[0] gives too few gradients (2025.1.1-2026.8.10)"
+        late = "no offloading during the first step (2025.1.1-2025.11.4)"
         version = installed_version("unsloth-zoo")
         if version is None:
-            return f"{d2}; {d3}."
+            return f"{frozen}; {late}."
         if not version_in_range(version, self.affected["unsloth-zoo"]):
-            return f"{d2}; {d3}. Neither is present in the installed release."
-        if version_in_range(version, f"<{D3_FIXED_IN}"):
-            return f"here both: {d2}; {d3}. The replaced forward/backward fixes both."
-        return (f"here only {d2}: this release already offloads from the first step "
-                f"(fixed in {D3_FIXED_IN}), and the replaced forward/backward keeps doing so.")
+            return f"{frozen}; {late}. Neither is present in the installed release."
+        if version_in_range(version, f"<{LATE_OFFLOAD_FIXED_IN}"):
+            return f"here both: {frozen}; {late}. The replaced forward/backward fixes both."
+        return (f"here only {frozen}: this release already offloads from the first step "
+                f"(fixed in {LATE_OFFLOAD_FIXED_IN}), and the replaced forward/backward keeps doing so.")
 
     def drift(self, module: Any) -> Optional[str]:
         reason = checkpoint_function_drift(module)

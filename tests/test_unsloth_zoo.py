@@ -92,12 +92,12 @@ def _check_upstream(version, got):
     for case in ("whisper", "closure"):
         assert got[case]["status"] == "crash" and BACKWARD_TWICE in got[case]["error"], got[case]
     assert got["whisper"]["unsloth_nodes"] > 0  # the crash is inside UnslothCheckpointFunction
-    # D2 until 2026.8.10
+    # frozen first input: broken until 2026.8.10
     expected = UPSTREAM[version]
     assert got["frozen"]["status"] == expected["frozen"], got["frozen"]
     if expected["frozen"] == "crash":
         assert WRONG_GRAD_COUNT in got["frozen"]["error"]
-    # D3 until 2025.11.4: nothing offloaded in step 1
+    # late offload until 2025.11.4: nothing offloaded in step 1
     steps = got["offload"]["steps"]
     assert [s["offloaded_count"] for s in steps] == expected["offload"]
     assert all(s["status"] == "equal" for s in steps)
@@ -109,7 +109,7 @@ def _check_hotfix(version, got):
     applied = {name for name, on in header["applied"].items() if on and name.startswith("unsloth-zoo")}
     assert applied == APPLIED[version]
 
-    # D1, both call paths, and D2 on a real model (frozen decoder embeddings:
+    # closure tensors, both call paths, and the frozen first input on a real model (frozen decoder embeddings:
     # args[0] frozen, encoder_hidden_states lifted into an input needing grad).
     for case in ("whisper", "whisper-frozen"):
         _equal(got[case])

@@ -310,7 +310,7 @@ def case_offload(gc, hotfix_offload):
 
 
 def case_revert(gc):
-    """hotfix.revert() puts upstream's own methods back: its D2 crash returns."""
+    """hotfix.revert() puts upstream's own methods back: its frozen-first-input crash returns."""
     import hotfix
 
     reverted = hotfix.revert()
