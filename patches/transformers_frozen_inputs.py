@@ -1,4 +1,4 @@
-"""transformers < 5.0: a checkpointed layer with no grad-requiring input loses its parameters' gradients.
+"""transformers >= 4.35: a checkpointed layer with no grad-requiring input loses its parameters' gradients.
 
 What breaks
 -----------
@@ -26,7 +26,12 @@ the top-level one.  For Whisper that adds ``WhisperEncoder.conv1`` (declared
 as ``_input_embed_layer = "conv1"`` in 5.x): the conv front end's output
 requires grad, so every encoder layer's checkpoint has a grad-requiring input
 and the LoRA weights get their gradients.  The layers and checkpointing did
-not change: with only the 4.x top-level hook, 5.23.0 loses the same 8.
+not change: with only the 4.x top-level hook, 5.23.0 loses the same 8, and a
+script that never calls ``enable_input_require_grads()`` (5.x defaults to
+non-reentrant, but unsloth-zoo forces ``use_reentrant=True`` on 5.x and users
+still pass it) fails at the first backward on every release: "element 0 of
+tensors does not require grad and does not have a grad_fn".  So this fix is
+gated on the mechanism, checked at each call, not on a 4.x version range.
 
 How this patch fixes it
 -----------------------
@@ -135,9 +140,12 @@ def _checkpoint_with_anchor(wrapped, instance, args, kwargs):
 class TransformersFrozenInputs(Patch):
     name = "transformers-frozen-inputs"
     targets = ("transformers.modeling_utils",)
-    # 4.35.0 introduced _set_gradient_checkpointing(enable, gradient_checkpointing_func)
-    # (the mechanism used here); 5.0.0 hooks every sub-model's input embeddings.
-    affected = {"transformers": ">=4.35.0,<5.0.0"}
+    # 4.35.0 introduced _set_gradient_checkpointing(enable, gradient_checkpointing_func).
+    # No upper bound: the condition is a mechanism, checked at every call (reentrant
+    # checkpoint, layer training with trainable parameters, no input needing grad).
+    # 5.x's enable_input_require_grads() hooks every sub-model, but without it, or with
+    # use_reentrant=True forced (unsloth-zoo on 5.x), 5.x loses the same gradients.
+    affected = {"transformers": ">=4.35.0"}
     symptom = (
         "Parameters silently get no gradient with gradient checkpointing (use_reentrant=True) "
         "when no input of a checkpointed layer requires grad - Whisper + LoRA: encoder adapters never train"
@@ -148,8 +156,9 @@ class TransformersFrozenInputs(Patch):
         "have no grad-requiring input and their trainable parameters get no gradient under reentrant "
         "checkpointing. A 0-byte leaf input makes the checkpoint node exist."
     )
-    upstream = "huggingface/transformers#41993 (enable_input_require_grads on every sub-model, first in 5.0.0)"
-    fixed_in = "5.0.0"
+    upstream = ("huggingface/transformers#41993 (5.0.0: enable_input_require_grads on every sub-model, "
+                "which covers only models that call it)")
+    fixed_in = None  # reentrant checkpointing of a layer without grad inputs is still silent in 5.23.0
 
     def drift(self, module: Any) -> Optional[str]:
         import torch

@@ -192,7 +192,16 @@ def whisper_qv_only(seed=0):
     return _whisper_adapter_ready(model), batch
 
 
+def whisper_qv_only_no_hook(seed=0):
+    """The same, without enable_input_require_grads(): no input of any layer needs grad."""
+    model, batch = whisper(seed)
+    for name, param in model.named_parameters():
+        param.requires_grad_(".q_proj." in name or ".v_proj." in name)
+    return model, batch
+
+
 BUILDERS.update({
     "whisper-lora": whisper_lora,
     "whisper-qv-only": whisper_qv_only,
+    "whisper-qv-no-hook": whisper_qv_only_no_hook,
 })
