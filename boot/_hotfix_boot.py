@@ -36,6 +36,17 @@ import _thread
 # for a module already loaded.
 TRIGGERS = frozenset({"transformers", "unsloth", "unsloth_zoo"})
 
+# Third-party fixes declare themselves in this entry-point group; their targets
+# are only known once their module is imported, which the start-up hook cannot
+# do.  So when any distribution other than hotfix-checkpoint declares the group,
+# the first top-level import of the process activates hotfix (see
+# ActivateOnFirstImport._third_party_fixes_installed).
+ENTRY_POINT_SECTION = "[hotfix.patches]"
+SECTION_BYTES = b"[hotfix.patches]"
+# The interpreter's own start-up lookups: never worth a scan.
+STARTUP_NAMES = frozenset({"sitecustomize", "usercustomize"})
+BUILTIN_FIX_PREFIX = "hotfix.patches."
+
 # Same values as hotfix.config.TRUE_VALUES (kept in sync by a test).  Any
 # other non-empty value is left to hotfix.config, which warns about it.
 DISABLE_VALUES = frozenset({"1", "true", "yes", "on"})
@@ -88,9 +99,12 @@ class ActivateOnFirstImport:
         self.armed = False  # a trigger's loader carries the activation
         self.finished = False
         self._searching = set()  # thread ids inside our own find_spec (finders may recurse)
+        self._third_party = None  # unknown until the first top-level import
 
     def find_spec(self, fullname, path=None, target=None):
-        if self.armed or target is not None or fullname not in TRIGGERS:
+        if self.armed or target is not None or path is not None:
+            return None
+        if fullname not in TRIGGERS and (fullname in STARTUP_NAMES or not self._third_party_fixes_installed()):
             return None
         me = _thread.get_ident()
         if me in self._searching:
@@ -108,6 +122,21 @@ class ActivateOnFirstImport:
         self.armed = True
         spec.loader = _ActivateBeforeExec(spec.loader, self)
         return spec
+
+    def _third_party_fixes_installed(self):
+        """Does an installed distribution other than hotfix-checkpoint declare fixes?
+
+        Read once per process, at its first top-level import after start-up (never
+        during start-up itself): plain file reads of ``entry_points.txt``, no
+        import, so it is safe under the import lock.
+        """
+        if self._third_party is None:
+            self._third_party = False
+            try:
+                self._third_party = _declares_third_party_fixes(sys.path)
+            except Exception:
+                pass
+        return self._third_party
 
     def _spec_from_later_finders(self, fullname, path):
         finders = list(sys.meta_path)
@@ -130,6 +159,32 @@ class ActivateOnFirstImport:
             load_hotfix(self.home)
         except Exception as exc:
             _say("auto-activation failed, continuing without hotfix: %r" % (exc,))
+
+
+def _declares_third_party_fixes(paths):
+    import os  # already loaded by site
+
+    for entry in paths:
+        try:
+            names = os.listdir(entry or ".")
+        except OSError:
+            continue
+        for name in names:
+            if not name.endswith((".dist-info", ".egg-info")):
+                continue
+            try:
+                with open(os.path.join(entry or ".", name, "entry_points.txt"), "rb") as handle:
+                    data = handle.read()
+            except OSError:
+                continue
+            if SECTION_BYTES not in data:
+                continue
+            section = data.decode("utf-8", "replace").split(ENTRY_POINT_SECTION, 1)[1].split("\n[", 1)[0]
+            for line in section.splitlines():
+                value = line.partition("=")[2].strip()
+                if value and not value.startswith(BUILTIN_FIX_PREFIX):
+                    return True
+    return False
 
 
 def load_hotfix(home):
