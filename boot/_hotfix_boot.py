@@ -53,8 +53,9 @@ DISABLE_VALUES = frozenset({"1", "true", "yes", "on"})
 
 PACKAGE = "hotfix"
 DISTRIBUTION = "hotfix-checkpoint"
-# hotfix/__init__.py carries this text; another distribution's hotfix/__init__.py does not.
-MARKER = b"hotfix-checkpoint"
+# hotfix/__init__.py carries this line (within its first 4 KiB); another distribution's
+# hotfix/__init__.py, or a user's own hotfix.py, does not.
+MARKER = b'DISTRIBUTION = "hotfix-checkpoint"'
 REINSTALL = "pip install --force-reinstall --no-deps hotfix-checkpoint"
 
 
@@ -187,6 +188,18 @@ def _declares_third_party_fixes(paths):
     return False
 
 
+def _head(path):
+    with open(path, "rb") as handle:
+        return handle.read(4096)
+
+
+def _is_ours(init):
+    try:
+        return MARKER in _head(init)
+    except OSError:
+        return False
+
+
 def load_hotfix(home):
     """Import the hotfix package that lives in ``home``, whatever else is on sys.path."""
     import os  # already loaded by site; imported here so that boot() imports nothing
@@ -202,8 +215,7 @@ def load_hotfix(home):
              "process. Rename that module to use both." % (where or loaded, DISTRIBUTION, package_dir))
         return
     try:
-        with open(init, "rb") as handle:
-            head = handle.read(4096)
+        head = _head(init)
     except OSError:
         _say("%s is damaged: %s is missing (uninstalling another distribution named 'hotfix' deletes it); "
              "continuing without hotfix. Repair: %s" % (DISTRIBUTION, init, REINSTALL))
@@ -219,6 +231,9 @@ def load_hotfix(home):
     found = external.PathFinder.find_spec(PACKAGE)  # what a plain `import hotfix` would load
     shadow = None
     if found is not None and found.origin and os.path.realpath(found.origin) != os.path.realpath(init):
+        if _is_ours(found.origin):
+            bootstrap._load(found)  # hotfix-checkpoint's own source checkout, first on sys.path: use it
+            return
         shadow = found.origin
     elif found is not None and not found.origin:  # a namespace directory earlier on sys.path
         shadow = ", ".join(found.submodule_search_locations or ()) or "a namespace package"

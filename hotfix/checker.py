@@ -212,6 +212,10 @@ class ModeResult:
     status: str  # equal | wrong | crash | guard | not-supported | reference | error
     checkpoint_function: Optional[str] = None
     loss: Optional[float] = None
+    #: what ``loss`` is: the model's own loss, the caller's loss_fn, or (no loss in the output) a projection
+    loss_source: str = "model"
+    #: the loss reached no parameter: checkpointing cut the whole graph (every gradient missing)
+    graph_cut: bool = False
     error: Optional[str] = None
     equal: int = 0
     missing: List[str] = field(default_factory=list)
@@ -238,12 +242,14 @@ class ModeResult:
         if self.status == "reference":
             return f"loss {self.loss:.6g}"
         text = f"{self.equal}/{self.total} gradients equal (max rel. error {self.max_error:.1e})"
+        if self.graph_cut:
+            text += "; the loss does not require grad: checkpointing cut it off the graph"
         return text + describe_problems(self.missing, self.wrong, self.unexpected)
 
     def to_dict(self) -> Dict[str, Any]:
         return {
             "mode": self.mode, "status": self.status, "checkpoint_function": self.checkpoint_function,
-            "loss": self.loss, "error": self.error, "equal": self.equal, "total": self.total,
+            "loss": self.loss, "loss_source": self.loss_source, "graph_cut": self.graph_cut, "error": self.error, "equal": self.equal, "total": self.total,
             "missing": list(self.missing), "wrong": [[n, e] for n, e in self.wrong],
             "unexpected": list(self.unexpected), "max_error": self.max_error,
             "saved_bytes": self.saved_bytes, "saved_tensors": self.saved_tensors,
@@ -323,6 +329,10 @@ class CheckReport:
         for m in [self.reference] + self.modes:
             result = {"reference": "ref", "equal": "EQUAL"}.get(m.status, m.status.upper())
             details = m.summary() if m.status != "reference" else f"loss {m.loss:.6g}"
+            if m.loss is not None and m.status != "reference" and m.status in ("equal", "wrong"):
+                details = f"loss {m.loss:.6g}; " + details
+            if m.loss_source != "model" and m.status == "reference":
+                details += f" ({m.loss_source})"
             if m.checkpoint_function and m.status != "not-supported":
                 details += f"  [checkpoint: {m.checkpoint_function}]"
             lines.append(
@@ -529,8 +539,18 @@ def _first_float_tensor(output):
     return None
 
 
+def model_loss(output):
+    """The model's own scalar loss tensor (``output.loss`` / ``output["loss"]``), or None."""
+    import torch
+
+    loss = getattr(output, "loss", None)
+    if loss is None and isinstance(output, dict):
+        loss = output.get("loss")
+    return loss if isinstance(loss, torch.Tensor) and loss.numel() == 1 else None
+
+
 def default_loss(output, batch):
-    """``output.loss`` if the model computed one, else a fixed random projection of the first float output.
+    """``output.loss`` if the model computed one (required grad or not), else a fixed random projection of the first float output.
 
     A random projection, not ``.sum()``/``.mean()``: those are invariant to
     shifts that LayerNorm-style outputs absorb, which would make many
@@ -538,10 +558,11 @@ def default_loss(output, batch):
     """
     import torch
 
-    loss = getattr(output, "loss", None)
-    if loss is None and isinstance(output, dict):
-        loss = output.get("loss")
-    if isinstance(loss, torch.Tensor) and loss.numel() == 1 and loss.requires_grad:
+    loss = model_loss(output)
+    if loss is not None:
+        # The model's own loss, even where it does not require grad: then
+        # checkpointing cut it off the graph and every gradient is missing
+        # (a projection of another output would hide that and report a made-up loss).
         return loss
     tensor = _first_float_tensor(output)
     if tensor is None:
@@ -593,6 +614,10 @@ def _step(model, batch, loss_fn, seed, watchdog: _Watchdog, label: str, time_lim
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             output = _call(model, batch)
             loss = loss_fn(output, batch)
+            if loss_fn is not default_loss:
+                result.loss_source = "loss_fn"
+            elif model_loss(output) is None:
+                result.loss_source = "projection of the first float output"
             state["forward"] = False
             result.saved_bytes = sum(seen.values())
             result.saved_tensors = len(seen)
@@ -601,7 +626,8 @@ def _step(model, batch, loss_fn, seed, watchdog: _Watchdog, label: str, time_lim
                 loss.backward()
             elif label.startswith("reference"):
                 raise CheckerError("the loss does not require grad without checkpointing: nothing to check")
-            # else: checkpointing cut every path to the loss; every gradient is missing
+            else:  # checkpointing cut every path to the loss; every gradient is missing
+                result.graph_cut = True
         result.loss = float(loss.detach())
         del loss
         watchdog.check()

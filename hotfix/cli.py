@@ -142,8 +142,8 @@ def check_model_command(args) -> int:
                 print(f"{label}: {data.get('verdict')}")
                 for m in data.get("modes", []):
                     print(f"  {m['mode']:<14} {m['summary']}")
-        after = results["with hotfix"]
-        return 0 if after.get("safe") else (2 if after.get("exit_status") == 2 else 1)
+        status = results["with hotfix"].get("exit_status")
+        return status if status in (0, 1, 2, 3) else 2  # the with-hotfix half decides (documented)
     try:
         factory = load_factory(args.target)
         model, batch, loss_fn = unpack_factory_result(factory())
@@ -183,8 +183,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     p_check = sub.add_parser(
         "check-model", help="is gradient checkpointing safe for YOUR model? one step per mode, gradients compared",
         description="Run one training step without checkpointing and one per checkpointing mode on the model "
-        "and batch returned by TARGET, and compare every parameter gradient. Exit status: 0 safe, "
-        "1 unsafe (missing/wrong gradients, crash, memory/time guard), 2 could not check.",
+        "and batch returned by TARGET, and compare every parameter gradient. A parameter without a gradient is "
+        "never equal to one whose gradient is zero. Exit status: 0 safe, 1 unsafe (missing/wrong gradients, "
+        "crash, memory/time guard), 2 could not check (no model, no loss, the step without checkpointing fails, "
+        "no mode supported), 3 a step overran its guard inside one call and the process was ended. "
+        "With --compare-hotfix the exit status is the with-hotfix run's (the run without hotfix is shown "
+        "for comparison only).",
     )
     _add_check_arguments(p_check)
     args = parser.parse_args(argv)

@@ -11,7 +11,10 @@ A value that is not understood never raises: it gets one warning on the
     HOTFIX_DISABLED_PATCHES  comma-separated patch names to skip; unknown names
                              get a warning that lists the known ones
     HOTFIX_LOG_LEVEL         DEBUG / INFO / WARNING / ERROR for the ``hotfix``
-                             logger (default: leave the logger as configured)
+                             logger, shown on stderr even where nothing set up
+                             logging (hotfix.notice); WARNING and ERROR also
+                             silence the one "repaired" line
+                             (default: leave the logger as configured)
 """
 
 from __future__ import annotations
@@ -88,7 +91,9 @@ def read_settings(environ: Optional[Mapping[str, str]] = None) -> Settings:
     env = os.environ if environ is None else environ
     level = parse_log_level(env.get(LOG_LEVEL_VAR))
     if level is not None:
-        logger.setLevel(level)
+        from hotfix.notice import attach_stderr_handler  # visible without any logging setup
+
+        attach_stderr_handler(level)
     return Settings(
         disabled=parse_disable(env.get(DISABLE_VAR)),
         disabled_patches=parse_patch_list(env.get(DISABLED_PATCHES_VAR)),

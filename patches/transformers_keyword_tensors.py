@@ -43,6 +43,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from hotfix.checkpoint_slot import ATTRIBUTE, CheckpointFunctionSlot, code_objects
+from hotfix.notice import repair_notice
 from hotfix.patch import Patch
 
 
@@ -56,6 +57,9 @@ def _checkpoint_with_lifted_inputs(wrapped, instance, args, kwargs):
     if args:
         lifted = lift_closure_tensors(args[0], args[1:])
         if lifted is not None:
+            if not repair_notice.said:
+                repair_notice.say(TransformersKeywordTensors.name, "tensors passed by keyword became checkpoint inputs",
+                                  TransformersKeywordTensors.upstream)
             function, inputs = lifted
             return wrapped(function, *inputs, **kwargs)
     return wrapped(*args, **kwargs)

@@ -74,6 +74,18 @@ def run_python(
     )
 
 
+REPAIR_NOTICE = "hotfix: repaired a checkpointed call"
+
+
+def hotfix_lines(stderr: str) -> List[str]:
+    """hotfix's problem lines on stderr (each starts with 'hotfix:'), without its once-per-process repair notice."""
+    return [line for line in stderr.splitlines() if line.startswith("hotfix:") and not line.startswith(REPAIR_NOTICE)]
+
+
+def repair_notices(stderr: str) -> List[str]:
+    return [line for line in stderr.splitlines() if line.startswith(REPAIR_NOTICE)]
+
+
 def json_lines(output: str) -> List[dict]:
     return [json.loads(line) for line in output.splitlines() if line.startswith("{")]
 

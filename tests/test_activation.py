@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import json_lines, matrix_path, run_python
+from conftest import hotfix_lines, json_lines, matrix_path, repair_notices, run_python
 
 ATTRIBUTE = "_gradient_checkpointing_func"
 CRASH = "Trying to backward through the graph a second time"
@@ -87,11 +87,6 @@ def run_child(body: str, **kwargs):
     lines = json_lines(proc.stdout)
     assert lines, f"child printed no JSON:\n{proc.stdout}\n{proc.stderr}"
     return proc, lines[0]
-
-
-def hotfix_lines(stderr: str):
-    """Lines hotfix wrote on stderr (its warnings all start with 'hotfix:')."""
-    return [line for line in stderr.splitlines() if line.startswith("hotfix:")]
 
 
 # A user script that never mentions hotfix: the .pth hook alone must act.
@@ -173,6 +168,7 @@ def test_pth_activates_on_transformers_import(user_script_default):
     assert seen["hotfix_loaded"] is True
     assert seen["step"] == {"ok": True, "grads_match": True}
     assert hotfix_lines(proc.stderr) == []
+    assert len(repair_notices(proc.stderr)) == 1, proc.stderr  # the one default line: what was repaired
 
 
 def test_hotfix_disable_reproduces_the_crash(user_script_disabled):

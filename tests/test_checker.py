@@ -62,6 +62,18 @@ def wavlm():
     return tiny_models.wavlm()
 
 
+def whisper_lora_default_init():
+    """PEFT's defaults (lora_B = 0: every lora_A gradient is exactly zero at step 0),
+    no enable_input_require_grads(): the issue-12 reproduction."""
+    import tiny_models
+    from peft import LoraConfig, get_peft_model
+
+    model, batch = tiny_models.whisper()
+    model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
+                                             lora_dropout=0.0))
+    return model.train(), batch
+
+
 _CHILD = r"""
 import json, sys
 import test_checker
@@ -172,6 +184,36 @@ def test_cli_exit_status_and_compare_hotfix():
     assert text.returncode == 0 and "verdict: SAFE" in text.stdout, text.stdout + text.stderr[-2000:]
     bad = run_python(["-m", "hotfix", "check-model", "no_such_module:build"], timeout=120)
     assert bad.returncode == 2 and "could not build" in bad.stderr
+    both_bad = run_python(["-m", "hotfix", "check-model", "no_such_module:build", "--compare-hotfix"], timeout=120)
+    assert both_bad.returncode == 2, both_bad.stdout + both_bad.stderr  # the with-hotfix half decides
+
+
+def test_no_gradient_is_never_equal_to_a_zero_gradient_and_the_loss_is_the_models():
+    """Issue 12's reproduction, without hotfix: checkpointing cut the loss off the
+    graph, so none of the 24 LoRA tensors gets a gradient, including the 12 lora_A
+    whose reference gradient is exactly zero; the reported loss is the model's own."""
+    pytest.importorskip("peft")
+    args = ["-m", "hotfix", "check-model", "test_checker:whisper_lora_default_init", "--modes", "reentrant", "--json"]
+    without = run_python(args, env={"HOTFIX_DISABLE": "1"}, timeout=300)
+    data = json.loads(without.stdout.strip().splitlines()[-1])
+    mode = _mode(data, "reentrant")
+    assert without.returncode == 1 and data["safe"] is False, data
+    assert mode["equal"] == 0 and len(mode["missing"]) == 24 and mode["total"] == 24, mode
+    assert mode["graph_cut"] is True and mode["saved_bytes"] == 0, mode
+    assert mode["loss"] == pytest.approx(data["reference"]["loss"], rel=1e-6), (mode, data["reference"])
+    assert mode["loss_source"] == data["reference"]["loss_source"] == "model"
+    with_hotfix = run_python(args, timeout=300)
+    fixed = json.loads(with_hotfix.stdout.strip().splitlines()[-1])
+    assert with_hotfix.returncode == 0 and _mode(fixed, "reentrant")["equal"] == 24, fixed
+
+
+def test_compare_grads_none_versus_zero():
+    from hotfix.gradcheck import compare_grads
+
+    zero, one = torch.zeros(2), torch.ones(2)
+    report = compare_grads({"a": zero, "b": None, "c": one}, {"a": None, "b": zero, "c": one})
+    assert report.missing == ["a"] and report.unexpected == ["b"] and report.equal == ["c"], report
+    assert compare_grads({"a": zero, "b": None}, {"a": zero.clone(), "b": None}).ok
 
 
 # -- in-process unit tests (plain torch modules: no transformers import) -----------
@@ -282,9 +324,10 @@ def test_restores_model_state():
     assert model.gradient_checkpointing is False and "_gradient_checkpointing_func" not in model.__dict__
     # and with checkpointing on before the check, it is on (same function) after
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    fn = model._gradient_checkpointing_func
+    # (what the model stores; a read goes through hotfix's class-level slot and comes back wrapped)
+    fn = model.__dict__["_gradient_checkpointing_func"]
     report = check_model(model, x, modes=["non-reentrant"])
-    assert report.safe and model.gradient_checkpointing is True and model._gradient_checkpointing_func is fn
+    assert report.safe and model.gradient_checkpointing is True and model.__dict__["_gradient_checkpointing_func"] is fn
 
 
 def test_not_supported_and_float64_tolerance():

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 
-from conftest import REPO, TESTS, json_lines, run_python
+from conftest import REPO, TESTS, hotfix_lines, json_lines, run_python
 
 
 def _patch_lines(output: str):
@@ -58,3 +58,14 @@ def test_compare_hotfix_from_checkout_root_compares_with_the_fixes():
     data = json.loads([line for line in proc.stdout.splitlines() if line.startswith("{")][-1])
     assert data["with hotfix"]["safe"] is True, data
     assert data["without hotfix (HOTFIX_DISABLE=1)"]["safe"] is False, data
+
+
+def test_checkout_first_on_sys_path_is_what_auto_activation_loads():
+    """From the repository root, ``import transformers`` (no ``import hotfix``):
+    the start-up hook loads the checkout's hotfix, which is hotfix-checkpoint's
+    own code, with no shadowing line."""
+    probe = "import sys, transformers.modeling_layers as ml; print(sys.modules['hotfix'].__file__, " \
+            "'_gradient_checkpointing_func' in ml.GradientCheckpointingLayer.__dict__)"
+    proc = run_python(["-c", probe], cwd=REPO, timeout=120)
+    assert proc.stdout.split() == [str(REPO / "hotfix" / "__init__.py"), "True"], proc.stderr
+    assert hotfix_lines(proc.stderr) == [], proc.stderr

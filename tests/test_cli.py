@@ -35,3 +35,14 @@ def test_python_dash_m_hotfix_defaults_to_status():
     assert "HOTFIX_DISABLE=''" in proc.stdout
     proc = run_python(["-m", "hotfix"], timeout=300)
     assert proc.returncode == 0 and "libraries:" in proc.stdout
+
+
+def test_doctor_verdict_holds_under_pythonwarnings_error():
+    """Under ``PYTHONWARNINGS=error`` the doctor's own bookkeeping (the loss as a
+    float) must not turn into a false "still broken" verdict."""
+    proc = subprocess.run([_hotfix_command(), "doctor"], env=clean_env({"PYTHONWARNINGS": "error"}), cwd=str(REPO),
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "ERROR" not in proc.stdout, proc.stdout
+    assert "with hotfix:                       TRAINS" in proc.stdout, proc.stdout
+    assert "verdict: this environment has the bug, and hotfix fixes it." in proc.stdout, proc.stdout

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import json_lines, run_python
+from conftest import hotfix_lines, json_lines, run_python
 
 SITE = Path(sysconfig.get_paths()["purelib"])
 
@@ -46,10 +46,6 @@ TRAIN = textwrap.dedent(
                       "active": bool(sys.modules.get("hotfix.registry") and sys.modules["hotfix.registry"].registry.active)}))
     """
 )
-
-
-def hotfix_lines(stderr):
-    return [line for line in stderr.splitlines() if line.startswith("hotfix:")]
 
 
 def _project(tmp_path, layout):

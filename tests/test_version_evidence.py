@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import json_lines, run_python
+from conftest import hotfix_lines, json_lines, run_python
 
 SITE = Path(sysconfig.get_paths()["purelib"])
 
@@ -106,7 +106,7 @@ def test_odd_transformers_metadata_still_fixes_whisper(tmp_path, case):
     status = seen["status"]
     assert "transformers  4.56.2  (! " in status and phrase in status, status
     assert "APPLIED to transformers.modeling_layers" in status, status
-    lines = [l for l in proc.stderr.splitlines() if l.startswith("hotfix:")]
+    lines = hotfix_lines(proc.stderr)
     assert len(lines) == 1 and phrase in lines[0], proc.stderr  # one line per library, not per patch
 
 
@@ -146,6 +146,6 @@ def test_unreadable_version_leaves_the_decision_to_the_code(tmp_path):
     seen = json_lines(proc.stdout)[0]
     assert seen["thing"] == "patched" and seen["matching"] is True and seen["drifted"] is False, (seen, proc.stderr)
     assert "version unknown" in seen["reason"] and "drift check" in seen["reason"], seen
-    lines = [l for l in proc.stderr.splitlines() if l.startswith("hotfix:")]
+    lines = hotfix_lines(proc.stderr)
     assert any("probe-lib version cannot be read" in l or "using neither" in l for l in lines), proc.stderr
     assert len([l for l in lines if "probe-drifted skipped" in l]) == 1, proc.stderr
