@@ -21,7 +21,7 @@ Benchmarks
               weights, CPU): reentrant + hotfix vs use_reentrant=False vs no checkpointing
   memory      bytes saved for backward during the forward (saved_tensors_hooks, deduplicated by
               storage) and peak-RSS increase of one step (fresh process per sample), same variants
-  unsloth     unsloth-zoo offload path on CPU through the test seam (tests/zoo_loader.py): per step,
+  unsloth     unsloth-zoo offload path on CPU through the test seam (tools/zoo_loader.py): per step,
               bytes offloaded to host, layers offloaded, host allocations and step time, upstream
               (HOTFIX_DISABLE=1 / reverted) vs patched, on unsloth-zoo 2025.11.3, 2025.11.5, 2026.10.9
               (one child process per release; 1 torch thread unless --threads)
@@ -431,7 +431,7 @@ def bench_memory(reps, with_hotfix):
 
 # ---------------------------------------------------------------------------- 6 unsloth
 UNSLOTH_RELEASES = ("2025.11.3", "2025.11.5", "2026.10.9")
-UNSLOTH_NOTE = ("CPU only, through the test seam (tests/zoo_loader.py): the 'host' copies are CPU->CPU memcpy "
+UNSLOTH_NOTE = ("CPU only, through the test seam (tools/zoo_loader.py): the 'host' copies are CPU->CPU memcpy "
                 "(hotfix: SimulatedDevice; upstream: its own offload branch with fake streams), so step times "
                 "show Python/bookkeeping and memcpy overhead, not PCIe transfers or stream overlap; bytes, layers "
                 "and allocations are what a GPU run would do")
@@ -448,7 +448,7 @@ def bench_unsloth(reps, threads=None):
         if not (path / ".complete").exists():
             print(f"  unsloth-zoo {version}: not installed under .matrix/ (scripts/test.sh installs it); skipped")
             continue
-        env["PYTHONPATH"] = os.pathsep.join([str(path), str(REPO / "tests")])
+        env["PYTHONPATH"] = os.pathsep.join([str(path), str(REPO / "tools")])
         # One torch thread unless --threads says otherwise: the step is small, and on a shared
         # 2-vCPU machine two threads mostly measure contention (IQR > 100 % in trials).
         argv = [sys.executable, str(BENCH / "workloads.py"), "unsloth", str(reps), str(threads or 1)]

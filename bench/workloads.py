@@ -7,7 +7,7 @@ Also runnable as a child:
         printing the peak-RSS increase of that step as one JSON line
     python bench/workloads.py unsloth REPS [THREADS]
         the unsloth-zoo offload benchmark for the release on PYTHONPATH (with
-        tests/ on PYTHONPATH too, for zoo_loader's CPU seam); start it with
+        tools/ on PYTHONPATH too, for zoo_loader's CPU seam); start it with
         HOTFIX_DISABLE=1: see unsloth_child
 """
 
@@ -222,7 +222,7 @@ def _storage_keys(buffers):
 def unsloth_child(reps, threads=None):
     """Upstream vs hotfix on one unsloth-zoo release, interleaved in this process.
 
-    Started with HOTFIX_DISABLE=1, so the release is loaded (by tests/zoo_loader.py,
+    Started with HOTFIX_DISABLE=1, so the release is loaded (by tools/zoo_loader.py,
     on CPU) and unsloth's swap installed with hotfix inactive; then hotfix is
     activated on the loaded module, as tests/test_unsloth_zoo.py does, and each
     repetition switches variant with hotfix.revert() / hotfix.activate() (revert

@@ -19,6 +19,7 @@ import pytest
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
+TOOLS = REPO / "tools"  # developer tooling shared by tests, bench and the GPU kit (zoo_loader...)
 MATRIX = REPO / ".matrix"
 IN_CI = bool(os.environ.get("CI"))
 
@@ -44,7 +45,7 @@ def matrix_path(name: str, version: str) -> Path:
 
 def clean_env(extra: Optional[Dict[str, str]] = None, pythonpath: Iterable[Path] = ()) -> Dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("HOTFIX_") and k != "PYTHONPATH"}
-    paths = [str(p) for p in pythonpath] + [str(TESTS)]
+    paths = [str(p) for p in pythonpath] + [str(TESTS), str(TOOLS)]
     env["PYTHONPATH"] = os.pathsep.join(paths)
     env.update(extra or {})
     return env

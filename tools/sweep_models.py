@@ -34,6 +34,7 @@ import os
 import queue
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -279,7 +280,7 @@ def run_worker(version: str, hotfix_on: bool, models: Optional[List[str]], done:
     env["TOKENIZERS_PARALLELISM"] = "false"
     if not hotfix_on:
         env["HOTFIX_DISABLE"] = "1"
-    scratch = REPO / "tests" / "_scratch"
+    scratch = Path(tempfile.mkdtemp(prefix="hotfix-sweep-"))  # never write into tests/
     scratch.mkdir(parents=True, exist_ok=True)
     skip = set(done)
     while True:
