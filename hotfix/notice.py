@@ -22,7 +22,7 @@ import os
 import sys
 import threading
 
-from hotfix.config import LOG_LEVEL_VAR, parse_log_level
+from hotfix.config import LOG_LEVEL_VAR
 
 logger = logging.getLogger("hotfix")
 
@@ -57,7 +57,8 @@ class RepairNotice:
             if self.said:
                 return
             self.said = True
-        if parse_log_level(os.environ.get(LOG_LEVEL_VAR)) in SILENCING_LEVELS or not _is_main_rank(os.environ):
+        # (read plainly: an odd value was already reported once, by hotfix.config at activation)
+        if os.environ.get(LOG_LEVEL_VAR, "").strip().upper() in SILENCING_LEVELS or not _is_main_rank(os.environ):
             return
         try:
             sys.stderr.write(
