@@ -18,7 +18,7 @@ pipq() { "$VENV/bin/pip" install -q --disable-pip-version-check "$@" 2>&1 | grep
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 # torch pinned: a bare requirement would pull a multi-GB CUDA build.
 pipq torch==2.13.0 numpy "wrapt>=1.14" "packaging>=21" pytest setuptools wheel \
-    transformers==4.56.2 accelerate psutil peft==0.21.2
+    transformers==4.56.2 accelerate psutil peft==0.21.2 nbclient==0.10.2 nbformat==5.10.4 ipykernel==6.30.1
 "$VENV/bin/python" -c "import torch, transformers, wrapt, pytest" # fail early if an install failed
 
 rm -rf dist build
