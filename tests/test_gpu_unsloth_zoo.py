@@ -53,7 +53,7 @@ def _run(version, dtype, disabled):
         env["HOTFIX_DISABLE"] = "1"
     cmd = [sys.executable, str(STEPS), "--mode", "unsloth", "--zoo", str(_zoo_dir(version)), "--dims", "test",
            "--dtype", dtype, "--batches", "2", "--steps", "3", "--compare"]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=100)  # inside run's 280 s backstop
     rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     assert rows, proc.stderr[-3000:]
     return rows[0], proc
