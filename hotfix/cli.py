@@ -12,6 +12,7 @@ import sys
 from typing import List, Optional
 
 from hotfix.config import DISABLE_VAR, DISABLED_PATCHES_VAR
+from hotfix.diagnostics.compare import short_error
 from hotfix.registry import registry
 from hotfix.versions import REPORTED_LIBRARIES, reader
 
@@ -31,7 +32,7 @@ def _import_targets(patches) -> dict:
             try:
                 importlib.import_module(target)
             except BaseException as exc:  # some libraries raise SystemExit without a GPU
-                problems[target] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                problems[target] = short_error(exc)
     return problems
 
 
@@ -92,6 +93,9 @@ def _add_check_arguments(p) -> None:
     p.add_argument("--memory-limit", default=None,
                    help="RSS growth allowed per step, e.g. 4GiB (default: min(50%% of available memory, 8 GiB))")
     p.add_argument("--time-limit", type=float, default=600.0, help="seconds per step (default 600)")
+    p.add_argument("--grace", type=float, default=60.0,
+                   help="seconds a step over its limit gets to stop before the process exits with status 3 "
+                        "(default 60)")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
     p.add_argument("--verbose", action="store_true", help="list every parameter")
     p.add_argument("--compare-hotfix", action="store_true",
@@ -99,28 +103,22 @@ def _add_check_arguments(p) -> None:
 
 
 def _check_child(argv: List[str], disabled: bool) -> dict:
-    import json
-    import subprocess
+    from hotfix.diagnostics.children import child_env, json_lines, last_line, run_python
 
-    env = {k: v for k, v in os.environ.items() if k != DISABLE_VAR}
-    if disabled:
-        env[DISABLE_VAR] = "1"
-    proc = subprocess.run([sys.executable, "-m", "hotfix", "check-model", *argv, "--json"],
-                          env=env, capture_output=True, text=True)
-    for line in reversed(proc.stdout.splitlines()):
-        if line.startswith("{"):
-            data = json.loads(line)
-            data["exit_status"] = proc.returncode
-            return data
-    tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
-    return {"exit_status": proc.returncode, "safe": False, "verdict": f"child failed: {tail[0]}", "modes": []}
+    proc = run_python(["-m", "hotfix", "check-model", *argv, "--json"], env=child_env(hotfix=not disabled))
+    found = json_lines(proc.stdout)
+    if found:
+        return dict(found[-1], exit_status=proc.returncode)
+    return {"exit_status": proc.returncode, "safe": False, "verdict": f"child failed: {last_line(proc)}", "modes": []}
 
 
 def check_model_command(args) -> int:
     import json
 
-    from hotfix.checker import CheckerError, MODES, check_model, load_factory, parse_bytes, unpack_factory_result
-    from hotfix.gradcheck import FLOOR
+    from hotfix.diagnostics.checker import MODES, CheckerError, check_model
+    from hotfix.diagnostics.compare import FLOOR
+    from hotfix.diagnostics.factory import load_factory, unpack_factory_result
+    from hotfix.diagnostics.memory import parse_bytes
 
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     bad = [m for m in modes if m not in MODES]
@@ -129,7 +127,7 @@ def check_model_command(args) -> int:
         return 2
     if args.compare_hotfix:
         passthrough = [args.target, "--modes", ",".join(modes), "--seed", str(args.seed),
-                       "--time-limit", str(args.time_limit)]
+                       "--time-limit", str(args.time_limit), "--grace", str(args.grace)]
         for flag, value in (("--rtol", args.rtol), ("--floor", args.floor), ("--memory-limit", args.memory_limit)):
             if value is not None:
                 passthrough += [flag, str(value)]
@@ -156,7 +154,7 @@ def check_model_command(args) -> int:
             model, batch, loss_fn=loss_fn, modes=modes, seed=args.seed, rtol=args.rtol,
             floor=FLOOR if args.floor is None else args.floor,
             memory_limit=None if args.memory_limit is None else parse_bytes(args.memory_limit),
-            time_limit=args.time_limit,
+            time_limit=args.time_limit, grace=args.grace,
         )
     except CheckerError as exc:
         print(f"hotfix check-model: {exc}", file=sys.stderr)
@@ -195,7 +193,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.command == "check-model":
         return check_model_command(args)
     if args.command == "doctor":
-        from hotfix.doctor import main as doctor_main
+        from hotfix.diagnostics.doctor import main as doctor_main
 
         return doctor_main([])
     return status(import_targets=not getattr(args, "no_import", False))

@@ -40,6 +40,10 @@ def attach_stderr_handler(level: str) -> None:
     logger.propagate = False
 
 
+#: how the once-per-process line starts (doctor and the tests tell it from hotfix's problem lines by this)
+REPAIR_NOTICE = "hotfix: repaired a checkpointed call"
+
+
 def _is_main_rank(environ) -> bool:
     rank = environ.get("RANK", environ.get("LOCAL_RANK", "0")).strip()
     return rank in ("", "0")
@@ -62,7 +66,7 @@ class RepairNotice:
             return
         try:
             sys.stderr.write(
-                f"hotfix: repaired a checkpointed call ({what}; {patch_name}, {upstream}). "
+                f"{REPAIR_NOTICE} ({what}; {patch_name}, {upstream}). "
                 f"Shown once per process; {LOG_LEVEL_VAR}=WARNING silences it.\n"
             )
         except Exception:  # a closed stderr must never break training

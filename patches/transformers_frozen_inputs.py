@@ -57,7 +57,7 @@ Where: every checkpointed call reads ``module._gradient_checkpointing_func``
 first, whichever module makes it (a ``GradientCheckpointingLayer`` from 4.53,
 the encoder itself in 4.52 and earlier, models that never moved to the layer
 class).  A data descriptor of that name on ``torch.nn.Module``
-(``hotfix.checkpoint_slot``) returns the stored function wrapped; the model
+(``hotfix.patches._checkpoint_slot``) returns the stored function wrapped; the model
 keeps exactly what transformers stored (copies, pickles and saves of it hold
 no hotfix object, and a copy is repaired like the original).  Models built
 and set up before hotfix was applied are covered too.  Reverting deletes the
@@ -73,7 +73,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Optional
 
-from hotfix.checkpoint_slot import ATTRIBUTE, CheckpointFunctionSlot, code_objects
+from hotfix.patches._checkpoint_slot import ATTRIBUTE, CheckpointFunctionSlot, code_objects
 from hotfix.notice import repair_notice
 from hotfix.patch import Patch
 
@@ -97,34 +97,27 @@ def _layer_of(function: Any) -> Any:
     return None
 
 
-def _is_reentrant(wrapped: Any, kwargs: dict) -> bool:
-    """False only where the call is known to be non-reentrant (which needs no anchor)."""
-    value = kwargs.get("use_reentrant")
-    if value is None and isinstance(wrapped, functools.partial):
-        value = wrapped.keywords.get("use_reentrant")
-    return value is None or bool(value)  # torch's default (None) is reentrant
-
-
 def _checkpoint_with_anchor(wrapped, instance, args, kwargs):
     """wrapt wrapper around a module's checkpoint function."""
     if not args:
         return wrapped(*args, **kwargs)
     import torch
 
-    from hotfix.checkpoint_inputs import find_grad_tensors
+    from hotfix.patches._checkpoint_inputs import find_grad_tensors, is_reentrant, layer_call
 
     function, inputs = args[0], args[1:]
-    if not torch.is_grad_enabled() or not _is_reentrant(wrapped, kwargs):
+    if not torch.is_grad_enabled() or not is_reentrant(wrapped, kwargs):
         return wrapped(*args, **kwargs)
     found: list = []
     seen: set = set()
     find_grad_tensors(inputs, found, seen)
-    if isinstance(function, functools.partial):
-        find_grad_tensors(function.args, found, seen)
-        find_grad_tensors(function.keywords, found, seen)
+    call = layer_call(function)  # the partial itself, also when another fix wrapped it
+    if isinstance(call, functools.partial):
+        find_grad_tensors(call.args, found, seen)
+        find_grad_tensors(call.keywords, found, seen)
     if found:  # the checkpoint node exists (or the keyword patch's case): leave it
         return wrapped(*args, **kwargs)
-    layer = _layer_of(function)
+    layer = _layer_of(call)
     if layer is None or not layer.training or not any(p.requires_grad for p in layer.parameters()):
         return wrapped(*args, **kwargs)
 

@@ -18,18 +18,28 @@ Whisper with frozen decoder embeddings).  In 5.x the call moved into a
 per-class ``forward_with_checkpointing`` made by ``__init_subclass__``; the
 ``partial(..., **kwargs)`` call is the same, so the same fix covers both.
 
+The mirror image on the way out: reentrant checkpointing connects only the
+*top-level* tensors a layer returns.  ``PvtV2EncoderLayer`` (a whole stage)
+returns ``((hidden_states,), height, width)``: the nested hidden states leave
+the checkpoint detached, and every parameter before the last stage silently
+gets no gradient (tiny pvt_v2: 52 of 54 tensors, 4.53.3 to 5.23.0).
+
 How this patch fixes it
 -----------------------
 Both shapes read ``self._gradient_checkpointing_func`` at call time.  We put a
 data descriptor of that name on ``GradientCheckpointingLayer``
-(``hotfix.checkpoint_slot``): the function that transformers (or unsloth, or
+(``hotfix.patches._checkpoint_slot``): the function that transformers (or unsloth, or
 PEFT) stores on each layer stays in the layer's ``__dict__`` untouched (copies
 and pickles of the model hold no hotfix object), and reading it returns that
 same function wrapped (wrapt ``FunctionWrapper``) so that closure tensors
 needing grad are lifted into real checkpoint inputs
-(``hotfix.checkpoint_inputs``).  Because a data descriptor on the class wins
+(``hotfix.patches._checkpoint_inputs``).  Because a data descriptor on the class wins
 over the instance dict, layers built before hotfix was imported are fixed too,
-whatever checkpoint function they hold.  Under ``torch.compile`` the raw
+whatever checkpoint function they hold.  When the checkpoint is reentrant,
+the layer call is also wrapped in ``hotfix.patches._checkpoint_outputs.FlatOutputs``:
+if its output nests a tensor, the checkpoint returns all of them as one flat
+tuple of outputs, and the layer's own structure is rebuilt around them after
+the call.  Under ``torch.compile`` the raw
 function is handed out: dynamo traces the checkpoint itself, and the bug does
 not occur there.
 The wrapper only runs where transformers already decided to checkpoint
@@ -42,7 +52,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from hotfix.checkpoint_slot import ATTRIBUTE, CheckpointFunctionSlot, code_objects
+from hotfix.patches._checkpoint_slot import ATTRIBUTE, CheckpointFunctionSlot, code_objects
 from hotfix.notice import repair_notice
 from hotfix.patch import Patch
 
@@ -52,17 +62,26 @@ def _checkpoint_with_lifted_inputs(wrapped, instance, args, kwargs):
     # Imported here, not at module level: loading this patch must not import
     # torch (a tokenizer-only user has transformers without torch); by the time
     # a layer checkpoints, torch is loaded anyway.
-    from hotfix.checkpoint_inputs import lift_closure_tensors
+    from hotfix.patches._checkpoint_inputs import is_reentrant, lift_closure_tensors
+    from hotfix.patches._checkpoint_outputs import FlatOutputs
 
-    if args:
-        lifted = lift_closure_tensors(args[0], args[1:])
-        if lifted is not None:
-            if not repair_notice.said:
-                repair_notice.say(TransformersKeywordTensors.name, "tensors passed by keyword became checkpoint inputs",
-                                  TransformersKeywordTensors.upstream)
-            function, inputs = lifted
-            return wrapped(function, *inputs, **kwargs)
-    return wrapped(*args, **kwargs)
+    if not args:
+        return wrapped(*args, **kwargs)
+    function, inputs = args[0], args[1:]
+    lifted = lift_closure_tensors(function, inputs)
+    if lifted is not None:
+        if not repair_notice.said:
+            repair_notice.say(TransformersKeywordTensors.name, "tensors passed by keyword became checkpoint inputs",
+                              TransformersKeywordTensors.upstream)
+        function, inputs = lifted
+    if not is_reentrant(wrapped, kwargs):  # non-reentrant checkpointing connects nested outputs itself
+        return wrapped(function, *inputs, **kwargs)
+    outputs = FlatOutputs(function)
+    result = outputs.rebuild(wrapped(outputs, *inputs, **kwargs))
+    if outputs.nested and not repair_notice.said:
+        repair_notice.say(TransformersKeywordTensors.name, "tensors nested in a layer's output became checkpoint "
+                          "outputs", TransformersKeywordTensors.upstream)
+    return result
 
 
 def calls_checkpoint_with_partial(layer_class: type) -> bool:
@@ -91,7 +110,9 @@ class TransformersKeywordTensors(Patch):
         "Any GradientCheckpointingLayer given a grad-requiring tensor by keyword under reentrant "
         "checkpointing: Whisper (crash; frozen decoder embeddings: silent missing grads), "
         "DeBERTa-v2 rel_embeddings= (crash), WavLM position_bias= (memory grows without bound), "
-        "LayoutLM (silent missing grads), third-party layers. The tensors become checkpoint inputs."
+        "LayoutLM (silent missing grads), third-party layers. The tensors become checkpoint inputs. "
+        "Also a layer's output that nests its tensors (pvt_v2: ((hidden,), h, w); silent missing grads): "
+        "they become checkpoint outputs."
     )
     upstream = "huggingface/transformers#38913 (GradientCheckpointingLayer, first in 4.53.0)"
     fixed_in = None  # no release fixes the general case as of 5.23.0

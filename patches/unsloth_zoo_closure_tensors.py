@@ -21,7 +21,7 @@ torch's ``checkpoint`` (after unsloth swaps ``torch.utils.checkpoint.
 CheckpointFunction``), ``unsloth_checkpoint``, and direct calls.  We wrap that
 classmethod (wrapt ``FunctionWrapper`` around the inherited ``classmethod``
 object, set on the class itself) so that a partial's closure tensors become
-extra positional inputs (``hotfix.checkpoint_inputs.lift_closure_tensors``),
+extra positional inputs (``hotfix.patches._checkpoint_inputs.lift_closure_tensors``),
 put back in place inside the recomputation.  Because the wrapper sits on the
 class, it works however late hotfix is activated, before or after unsloth's
 ``patch_unsloth_smart_gradient_checkpointing()`` swapped torch's function.
@@ -45,7 +45,7 @@ def _apply_with_lifted_inputs(wrapped, instance, args, kwargs):
     # apply(run_function, preserve_rng_state, *inputs): anything else (keywords,
     # too few arguments) is not a call shape we understand: pass it through.
     if len(args) >= 2 and not kwargs:
-        from hotfix.checkpoint_inputs import lift_closure_tensors  # imports torch: only when called
+        from hotfix.patches._checkpoint_inputs import lift_closure_tensors  # imports torch: only when called
 
         lifted = lift_closure_tensors(args[0], args[2:])
         if lifted is not None:

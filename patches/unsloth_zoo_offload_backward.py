@@ -22,7 +22,7 @@ How this patch fixes it
 Both live in ``forward``/``backward``, which depend on each other (what
 forward saves is what backward can give gradients for), so on the affected
 releases we replace the two staticmethods with our own reentrant checkpoint
-(built here, offloading through ``hotfix.offload.ActivationOffloader``):
+(built here, offloading through ``hotfix.patches._offload.ActivationOffloader``):
 
 * every tensor input is saved (or, for ``args[0]``, offloaded) and backward
   returns a gradient slot for every input: no frozen-first-input crash;
@@ -53,7 +53,7 @@ from hotfix.patches._unsloth_checkpoint_shape import CLASS_NAME, checkpoint_func
 from hotfix.versions import installed_version, version_in_range
 
 if TYPE_CHECKING:
-    from hotfix.offload import ActivationOffloader
+    from hotfix.patches._offload import ActivationOffloader
 
 # Private helpers of torch.utils.checkpoint that the reentrant checkpoint (and
 # unsloth's copy of it) use to stash RNG and autocast state; drift() checks them.
@@ -188,10 +188,10 @@ class UnslothZooOffloadBackward(Patch):
     def offloader(self) -> "ActivationOffloader":
         """The one offload state object of the process (made on first use: it imports torch).
 
-        Tests and benchmarks switch it to hotfix.offload.SimulatedDevice with use_device().
+        Tests and benchmarks switch it to hotfix.patches._offload.SimulatedDevice with use_device().
         """
         if self._offloader is None:
-            from hotfix.offload import ActivationOffloader
+            from hotfix.patches._offload import ActivationOffloader
 
             self._offloader = ActivationOffloader()
         return self._offloader

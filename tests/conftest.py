@@ -8,7 +8,6 @@ put first on PYTHONPATH of a child interpreter.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -17,9 +16,14 @@ from typing import Dict, Iterable, List, Optional
 
 import pytest
 
+from hotfix.diagnostics import children
+from hotfix.diagnostics.children import child_env, json_lines  # noqa: F401  (tests import json_lines from here)
+from hotfix.notice import REPAIR_NOTICE
+
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
-TOOLS = REPO / "tools"  # developer tooling shared by tests, bench and the GPU kit (zoo_loader...)
+TOOLS = REPO / "tools"  # developer tooling shared by tests, bench and the GPU kit (zoo_loader, tiny_models...)
+sys.path.insert(0, str(TOOLS))  # in-process tests import tiny_models / zoo_loader as the children do
 MATRIX = REPO / ".matrix"
 IN_CI = bool(os.environ.get("CI"))
 
@@ -44,11 +48,8 @@ def matrix_path(name: str, version: str) -> Path:
 
 
 def clean_env(extra: Optional[Dict[str, str]] = None, pythonpath: Iterable[Path] = ()) -> Dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HOTFIX_") and k != "PYTHONPATH"}
-    paths = [str(p) for p in pythonpath] + [str(TESTS), str(TOOLS)]
-    env["PYTHONPATH"] = os.pathsep.join(paths)
-    env.update(extra or {})
-    return env
+    """A child's environment: no HOTFIX_* settings, PYTHONPATH = the given paths, tests/ and tools/."""
+    return child_env(keep_hotfix_settings=False, pythonpath=[*pythonpath, TESTS, TOOLS], extra=extra)
 
 
 def run_python(
@@ -65,17 +66,8 @@ def run_python(
     cwd defaults to a directory outside the repository so that the source
     tree's ``hotfix/`` can never shadow the installed one.
     """
-    return subprocess.run(
-        [python or sys.executable, *args],
-        env=clean_env(env, pythonpath),
-        cwd=str(cwd or TESTS / "_scratch"),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
-REPAIR_NOTICE = "hotfix: repaired a checkpointed call"
+    return children.run_python(args, env=clean_env(env, pythonpath), cwd=cwd or TESTS / "_scratch",
+                               timeout=timeout, python=python)
 
 
 def hotfix_lines(stderr: str) -> List[str]:
@@ -85,10 +77,6 @@ def hotfix_lines(stderr: str) -> List[str]:
 
 def repair_notices(stderr: str) -> List[str]:
     return [line for line in stderr.splitlines() if line.startswith(REPAIR_NOTICE)]
-
-
-def json_lines(output: str) -> List[dict]:
-    return [json.loads(line) for line in output.splitlines() if line.startswith("{")]
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -27,25 +27,14 @@ CRASH = "Trying to backward through the graph a second time"
 
 SCRIPT = textwrap.dedent(
     '''
-    import json, os, sys, tempfile
+    import json, os, sys
     import torch
     import transformers
-    from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments
     import tiny_models
 
     out = {"rank": int(os.environ.get("RANK", "0")), "hotfix_loaded": "hotfix" in sys.modules}
     try:
-        model, _ = tiny_models.whisper()
-        g = torch.Generator().manual_seed(0)
-        data = [{"input_features": torch.randn(8, 20, generator=g),
-                 "labels": torch.randint(3, 100, (5,), generator=g)} for _ in range(12)]
-        args = Seq2SeqTrainingArguments(
-            output_dir=tempfile.mkdtemp(), per_device_train_batch_size=2, max_steps=3,
-            gradient_checkpointing=True, learning_rate=1e-3, logging_steps=1, save_strategy="no",
-            report_to="none", remove_unused_columns=False, use_cpu=True, dataloader_num_workers=0,
-            disable_tqdm=True)
-        collate = lambda fs: {k: torch.stack([f[k] for f in fs]) for k in fs[0]}
-        trainer = Seq2SeqTrainer(model=model, args=args, train_dataset=data, data_collator=collate)
+        trainer = tiny_models.whisper_trainer()
         trainer.train()
         checksum = sum(float(p.detach().double().sum()) for p in trainer.model.parameters())
         out.update(ok=True, steps=trainer.state.global_step, world_size=trainer.args.world_size,

@@ -29,7 +29,8 @@ FORBIDDEN_AT_START = ("wrapt", "importlib.metadata", "importlib.abc", "packaging
 
 # Prepended to child scripts that train.  It must not import hotfix: several
 # children prove that hotfix is (or is not) loaded by transformers' import alone.
-# The model comes from tests/tiny_models.py (importing hotfix.doctor would import hotfix).
+# The model and the gradient comparison come from hotfix/diagnostics/, loaded by
+# path through tools/ (tiny_models, standalone), which import no hotfix.
 PRELUDE = textwrap.dedent(
     '''
     import json, os, sys
@@ -39,13 +40,17 @@ PRELUDE = textwrap.dedent(
         return any(type(f).__name__ == "ActivateOnFirstImport" for f in sys.meta_path)
 
     def tiny_whisper(seed=0):
-        # tests/ is on the child's PYTHONPATH; tiny_models imports no hotfix.
-        import tiny_models
+        import tiny_models  # tools/ is on the child's PYTHONPATH
 
         return tiny_models.whisper(seed)
 
+    def compare():
+        import standalone
+
+        return standalone.load("compare")  # hotfix's one comparison rule, without importing hotfix
+
     def grads(model):
-        return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+        return compare().collect_grads(model)
 
     def reference_grads(model, batch):
         """Gradients of one step without checkpointing (call before enabling it)."""
@@ -55,19 +60,14 @@ PRELUDE = textwrap.dedent(
 
     def step(model, batch, reference=None):
         """One training step: {"ok": True[, "grads_match": ...]} or {"ok": False, "error": ...}."""
-        import torch
-
         model.zero_grad(set_to_none=True)
         try:
             model(**batch).loss.backward()
         except Exception as exc:
-            return {"ok": False, "error": "%s: %s" % (type(exc).__name__, str(exc).splitlines()[0])}
+            return {"ok": False, "error": compare().short_error(exc)}
         result = {"ok": True}
         if reference is not None:
-            got = grads(model)
-            result["grads_match"] = got.keys() == reference.keys() and all(
-                torch.allclose(got[k], reference[k], rtol=1e-5, atol=1e-7) for k in reference
-            )
+            result["grads_match"] = compare().compare_grads(reference, grads(model)).ok
         return result
 
     def layer_checkpoint_function(model):

@@ -56,6 +56,60 @@ def whisper_lora():
     return model, batch
 
 
+class _OneLayer(nn.Module):
+    """The smallest model check-model accepts: one checkpointable layer, transformers' switch names."""
+
+    supports_gradient_checkpointing = True
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.gradient_checkpointing = False
+        self.calls = 0
+
+    def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs=None):
+        import functools
+
+        from torch.utils.checkpoint import checkpoint
+
+        self._gradient_checkpointing_func = functools.partial(checkpoint, **(gradient_checkpointing_kwargs or {}))
+        self.gradient_checkpointing = True
+
+    def gradient_checkpointing_disable(self):
+        self.gradient_checkpointing = False
+
+    def layer(self, x):
+        return torch.tanh(self.lin(x))
+
+    def forward(self, x):
+        if self.gradient_checkpointing and self.training:
+            return self._gradient_checkpointing_func(self.layer, x)
+        return self.layer(x)
+
+
+class _HangsWhenCheckpointing(_OneLayer):
+    def layer(self, x):
+        import time
+
+        if self.gradient_checkpointing:
+            time.sleep(120)  # one long call: no hook between, so only the hard exit can end it
+        return super().layer(x)
+
+
+class _StatefulLayer(_OneLayer):
+    def layer(self, x):
+        self.calls += 1  # the recomputation differs from the forward: wrong with or without hotfix
+        return super().layer(x) * self.calls
+
+
+def hangs_when_checkpointing():
+    return _HangsWhenCheckpointing().train(), {"x": torch.randn(2, 4, requires_grad=True)}
+
+
+def stateful_layer():
+    return _StatefulLayer().train(), {"x": torch.randn(2, 4, requires_grad=True)}
+
+
 def wavlm():
     import tiny_models
 
@@ -188,6 +242,31 @@ def test_cli_exit_status_and_compare_hotfix():
     assert both_bad.returncode == 2, both_bad.stdout + both_bad.stderr  # the with-hotfix half decides
 
 
+def test_exit_status_3_when_a_step_overruns_and_does_not_stop():
+    """A step past --time-limit that does not return within --grace: the process ends itself with
+    status 3 and says why (the OOM killer would give no reason); --compare-hotfix passes it on."""
+    args = ["-m", "hotfix", "check-model", "test_checker:hangs_when_checkpointing", "--modes", "reentrant",
+            "--time-limit", "1", "--grace", "1"]
+    proc = run_python(args, timeout=60)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert "time guard: the reentrant step ran over 1 s" in proc.stderr and "exiting with status 3" in proc.stderr
+    both = run_python(args + ["--compare-hotfix", "--json"], timeout=120)
+    assert both.returncode == 3, both.stdout + both.stderr
+    data = json.loads(both.stdout.strip().splitlines()[-1])
+    assert [half["exit_status"] for half in data.values()] == [3, 3], data
+
+
+def test_compare_hotfix_exit_status_is_the_with_hotfix_half():
+    """Unsafe with hotfix too (a layer whose recomputation differs): --compare-hotfix exits 1, and the
+    half without hotfix is reported beside it."""
+    proc = run_python(["-m", "hotfix", "check-model", "test_checker:stateful_layer", "--modes", "reentrant",
+                       "--compare-hotfix", "--json"], timeout=120)
+    data = json.loads(proc.stdout.strip().splitlines()[-1])
+    without, with_fix = data["without hotfix (HOTFIX_DISABLE=1)"], data["with hotfix"]
+    assert proc.returncode == 1 and with_fix["exit_status"] == 1 and not with_fix["safe"], data
+    assert without["exit_status"] == 1 and _mode(with_fix, "reentrant")["status"] == "wrong", data
+
+
 def test_no_gradient_is_never_equal_to_a_zero_gradient_and_the_loss_is_the_models():
     """Issue 12's reproduction, without hotfix: checkpointing cut the loss off the
     graph, so none of the 24 LoRA tensors gets a gradient, including the 12 lora_A
@@ -208,7 +287,7 @@ def test_no_gradient_is_never_equal_to_a_zero_gradient_and_the_loss_is_the_model
 
 
 def test_compare_grads_none_versus_zero():
-    from hotfix.gradcheck import compare_grads
+    from hotfix.diagnostics.compare import compare_grads
 
     zero, one = torch.zeros(2), torch.ones(2)
     report = compare_grads({"a": zero, "b": None, "c": one}, {"a": None, "b": zero, "c": one})
@@ -387,7 +466,7 @@ def test_time_guard():
 
 
 def test_parse_bytes():
-    from hotfix.checker import parse_bytes
+    from hotfix.diagnostics.memory import parse_bytes
 
     assert parse_bytes("4GiB") == 4 << 30 and parse_bytes("512M") == 512 << 20
     assert parse_bytes("1.5g") == int(1.5 * 2**30) and parse_bytes("1000") == 1000

@@ -11,11 +11,9 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
-import pytest
 
 from conftest import REPO, clean_env, matrix_path
 

@@ -12,7 +12,7 @@ compared with a step without checkpointing:
 
 * upstream (HOTFIX_DISABLE=1): the seed's crash on every release (closure tensors);
 * with hotfix: every parameter gradient equal in every step (fp32: 1e-6 relative,
-  hotfix.gradcheck's rule; bf16: 2e-2, bf16's 8 significant bits through a dozen
+  hotfix.diagnostics.compare's rule; bf16: 2e-2, bf16's 8 significant bits through a dozen
   layers of recomputation with the same kernels), and unsloth's offload line
   printed during step 1.
 """

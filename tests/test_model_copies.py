@@ -5,7 +5,7 @@ hotfix used to store a wrapt wrapper in every checkpointing module's
 define __deepcopy__()/__reduce__()"), ``torch.save`` truncated an existing
 checkpoint to a few hundred bytes, EMA (``AveragedModel``) and spawn workers
 failed.  Now both transformers fixes sit on classes
-(``hotfix.checkpoint_slot``): the model holds only what transformers stored.
+(``hotfix.patches._checkpoint_slot``): the model holds only what transformers stored.
 
 Per checkpointing mode (reentrant, non-reentrant) and model (full Whisper:
 keyword-tensors fix; Whisper with only q/v trainable and nothing else needing
@@ -32,7 +32,8 @@ def train_copy(model, batch, path):
 CHILD = r'''
 import copy, io, json, os, pickle, sys
 import torch
-import tiny_models, copy_worker
+import tiny_models, copy_worker, standalone
+compare = standalone.load("compare")  # hotfix's comparison rule (None never equals zero), without importing hotfix
 from torch.optim.swa_utils import AveragedModel
 
 mode, which, scratch = sys.argv[1], sys.argv[2], sys.argv[3]
@@ -41,24 +42,15 @@ if which == "qv-only":  # LoRA-like: only attention q/v train, no input needs gr
     for name, p in model.named_parameters():
         p.requires_grad_(name.split(".")[-2] in ("q_proj", "v_proj"))
 
-def grads(m):
-    return {n: (None if p.grad is None else p.grad.detach().clone()) for n, p in m.named_parameters() if p.requires_grad}
-
-def same(got, ref):
-    # a parameter with no gradient is never equal to one with a (possibly zero) gradient
-    return got.keys() == ref.keys() and all(
-        (got[k] is None) == (ref[k] is None) and (ref[k] is None or torch.allclose(got[k], ref[k], rtol=1e-5, atol=1e-7))
-        for k in ref)
-
 def step(m):
     m.zero_grad(set_to_none=True)
     try:
         m(**batch).loss.backward()
     except Exception as exc:
-        return "%s: %s" % (type(exc).__name__, str(exc).splitlines()[0][:120])
-    return same(grads(m), reference)
+        return compare.short_error(exc)
+    return compare.compare_grads(reference, compare.collect_grads(m)).ok
 
-model.zero_grad(set_to_none=True); model(**batch).loss.backward(); reference = grads(model)
+model.zero_grad(set_to_none=True); model(**batch).loss.backward(); reference = compare.collect_grads(model)
 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": mode == "reentrant"})
 out = {"mode": mode, "model": which, "none_in_reference": sum(g is None for g in reference.values())}
 
@@ -66,7 +58,7 @@ def attempt(name, make):
     try:
         out[name] = step(make())
     except Exception as exc:
-        out[name] = "%s: %s" % (type(exc).__name__, str(exc).splitlines()[0][:120])
+        out[name] = compare.short_error(exc)
 
 attempt("original", lambda: model)
 attempt("deepcopy", lambda: copy.deepcopy(model))
@@ -88,7 +80,7 @@ import multiprocessing as mp
 grads_path = os.path.join(scratch, "spawn_grads.pt")
 worker = mp.get_context("spawn").Process(target=copy_worker.train_copy, args=(model, batch, grads_path))
 worker.start(); worker.join(240)
-out["spawn"] = worker.exitcode == 0 and same(torch.load(grads_path), reference)
+out["spawn"] = worker.exitcode == 0 and compare.compare_grads(reference, torch.load(grads_path)).ok
 with open(os.path.join(scratch, "pickled_model.bin"), "wb") as handle:
     handle.write(data)
 print(json.dumps(out), flush=True)

@@ -14,25 +14,11 @@ from conftest import matrix_path, run_python
 
 TRAIN_SCRIPT = textwrap.dedent(
     """
-    import json, sys, tempfile
-    import torch
-    from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments
+    import json, sys
     import tiny_models
 
-    model, _ = tiny_models.whisper()
-    g = torch.Generator().manual_seed(0)
-    data = [{"input_features": torch.randn(8, 20, generator=g),
-             "labels": torch.randint(3, 100, (5,), generator=g)} for _ in range(6)]
-
-    def collate(features):
-        return {key: torch.stack([f[key] for f in features]) for key in features[0]}
-
-    args = Seq2SeqTrainingArguments(
-        output_dir=tempfile.mkdtemp(), per_device_train_batch_size=2, max_steps=3,
-        gradient_checkpointing=True, learning_rate=1e-3, logging_steps=1, save_strategy="no",
-        report_to="none", remove_unused_columns=False, use_cpu=True, dataloader_num_workers=0,
-    )
-    trainer = Seq2SeqTrainer(model=model, args=args, train_dataset=data, data_collator=collate)
+    trainer = tiny_models.whisper_trainer(samples=6)
+    model = trainer.model
     try:
         trainer.train()
     except Exception as exc:

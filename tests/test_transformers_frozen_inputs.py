@@ -3,7 +3,7 @@
 Whisper fine-tuned on q_proj/v_proj only (PEFT LoRA, or the same thing without
 peft: everything else frozen), after enable_input_require_grads(), one step
 with reentrant checkpointing against one step without checkpointing
-(hotfix.gradcheck, 1e-6 relative).  Each release runs in two fresh
+(hotfix.diagnostics.compare, 1e-6 relative).  Each release runs in two fresh
 interpreters: with this patch opted out (HOTFIX_DISABLED_PATCHES; the other
 patches stay active so only this fix is measured) and with hotfix as installed.
 """
@@ -30,7 +30,7 @@ CHILD = r"""
 import hashlib, json, sys
 import torch, transformers
 import hotfix, tiny_models
-from hotfix.gradcheck import collect_grads, compare_grads
+from hotfix.diagnostics.compare import collect_grads, compare_grads
 
 def digest(loss, grads):
     h = hashlib.sha256(repr(loss).encode())

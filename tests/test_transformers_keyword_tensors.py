@@ -4,7 +4,7 @@ Every case runs twice in fresh interpreters of the same release: with
 HOTFIX_DISABLE=1 (upstream behaviour: the failure must reproduce, or the test
 proves nothing) and with hotfix active through the installed .pth.  "equal"
 means every parameter gradient of the reentrant-checkpointed step matches a
-step without checkpointing within 1e-6 relative (hotfix.gradcheck).
+step without checkpointing within 1e-6 relative (hotfix.diagnostics.compare).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 from packaging.version import Version
 
-from conftest import TESTS, json_lines, matrix_path, matrix_versions, run_python
+from conftest import TOOLS, json_lines, matrix_path, matrix_versions, run_python
 
 CASES = [
     "whisper",
@@ -22,6 +22,7 @@ CASES = [
     "custom-layer",
     "custom-layer-nested",
     "custom-layer-positional",  # grad tensors in a positional list (5.x MLCD)
+    "pvt-v2",  # nested outputs: each stage returns ((hidden,), height, width)
     "wavlm",  # last: unpatched it trips the memory guard, which ends the child
 ]
 
@@ -34,13 +35,15 @@ CASES = [
 # tensors positionally.
 _ALL = set(CASES)
 _CUSTOM = {"custom-layer", "custom-layer-nested", "custom-layer-positional"}
+# pvt-v2 loses 52 of 54 gradients on every release: reentrant checkpointing connects only top-level
+# outputs.  On 4.52 its stages are not GradientCheckpointingLayers yet, so it stays broken there.
 UNPATCHED_BROKEN = {
-    "4.52.4": _CUSTOM,
+    "4.52.4": _CUSTOM | {"pvt-v2"},
     "4.53.3": _ALL - {"layoutlm"},
     "4.56.2": _ALL,
     "4.57.6": _ALL,
-    "5.0.0": _CUSTOM | {"deberta-v2", "wavlm"},
-    "5.23.0": _CUSTOM | {"deberta-v2", "wavlm"},
+    "5.0.0": _CUSTOM | {"deberta-v2", "wavlm", "pvt-v2"},
+    "5.23.0": _CUSTOM | {"deberta-v2", "wavlm", "pvt-v2"},
 }
 PATCHED_RANGE_START = Version("4.53.0")
 
@@ -53,7 +56,7 @@ def _line(version: str) -> str:
 
 
 def _run_cases(version, disabled, cases=CASES, default_checkpointing=False):
-    args = [str(TESTS / "grad_case.py")] + (["--default-checkpointing"] if default_checkpointing else []) + list(cases)
+    args = [str(TOOLS / "grad_case.py")] + (["--default-checkpointing"] if default_checkpointing else []) + list(cases)
     env = {"GRAD_CASE_RSS_LIMIT": str(int(1.5 * 2**30))}
     if disabled:
         env["HOTFIX_DISABLE"] = "1"

@@ -30,26 +30,19 @@ VERSION = "5.23.0"
 CHILD = r"""
 import json, sys
 import torch, transformers
-import tiny_models
-from hotfix.gradcheck import collect_grads, compare_grads
+import grad_case, tiny_models
+from hotfix.diagnostics.checker import check_model
 builders = {"deberta-v2": tiny_models.deberta_v2, "wavlm": tiny_models.wavlm,
             "whisper-qv-no-hook": tiny_models.whisper_qv_only_no_hook}
 for spec in sys.argv[1:]:
     name, reentrant, offload, every = spec.split(":")
     model, batch = builders[name]()
-    model.zero_grad(set_to_none=True); model(**batch).loss.backward(); reference = collect_grads(model)
-    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": reentrant == "1"},
-                                          every_n_layers=int(every), offload=offload == "1")
-    model.zero_grad(set_to_none=True)
-    out = {"case": spec, "transformers": transformers.__version__}
-    try:
-        loss = model(**batch).loss
-        loss.backward()
-        report = compare_grads(reference, collect_grads(model))
-        out.update(status="equal" if report.ok else "differs", summary=report.summary(), loss=float(loss.detach()))
-    except Exception as exc:
-        out.update(status="crash", error=f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}")
-    print(json.dumps(out), flush=True)
+    new_api = ("activation_checkpointing_enable", lambda m: m.activation_checkpointing_enable(
+        activation_checkpointing_kwargs={"use_reentrant": reentrant == "1"}, every_n_layers=int(every),
+        offload=offload == "1"))
+    report = check_model(model, batch, modes=[new_api], cut="raise")  # hotfix's comparison engine
+    print(json.dumps(grad_case.case_result(report, {"case": spec, "transformers": transformers.__version__})),
+          flush=True)
 """
 
 # case -> (upstream status or None when not run upstream, status with hotfix, error text upstream)

@@ -6,7 +6,7 @@ stubbed, unsloth's own swap of torch's CheckpointFunction installed), once with
 HOTFIX_DISABLE=1 (upstream behaviour: each defect must reproduce, or the test
 proves nothing) and once with hotfix active.  "equal" means every parameter
 gradient matches a run without checkpointing within 1e-6 relative
-(hotfix.gradcheck).
+(hotfix.diagnostics.compare).
 
 Releases: 2025.11.3 (all three defects), 2025.11.5 (first-step offload fixed),
 2026.8.9 (last with the frozen-args[0] bug), 2026.10.9 (latest: only the
@@ -43,16 +43,17 @@ APPLIED = {
 VERSIONS = [v for v in matrix_versions("unsloth-zoo") if v in UPSTREAM]
 
 
-def _run(version, cases, then=None, late=False, env=None):
+def _run(version, cases, then=None, late=False, env=None, transformers=None):
     """{(phase, case): result}.  With ``then``: ``cases`` run with HOTFIX_DISABLE=1
     (upstream), then hotfix is activated in the same process, on the release
     already loaded and swapped in, and ``then`` runs with it."""
-    args = [str(TOOLS / "zoo_loader.py")] + (["--late"] if late else []) + list(cases)
+    args = [str(TOOLS / "zoo_cases.py")] + (["--late"] if late else []) + list(cases)
     child_env = dict(env or {})
     if then is not None:
         args += ["--activate"] + list(then)
         child_env["HOTFIX_DISABLE"] = "1"
-    proc = run_python(args, env=child_env, pythonpath=[matrix_path("unsloth-zoo", version)], timeout=300)
+    path = [matrix_path("unsloth-zoo", version)] + ([matrix_path("transformers", transformers)] if transformers else [])
+    proc = run_python(args, env=child_env, pythonpath=path, timeout=300)
     results = {(r["phase"], r["case"]): r for r in json_lines(proc.stdout)}
     first = "upstream" if then is not None else "hotfix"
     expected = [(first, c) for c in cases] + [("hotfix", c) for c in then or ()]
@@ -161,6 +162,30 @@ def _assert_stream_order(log):
             assert log[i + 1] == ["wait", "compute", "side"]
 
 
+@pytest.mark.parametrize("transformers", ["5.0.0", "5.23.0"])
+def test_frozen_base_and_nested_outputs_through_unsloths_function_on_transformers_5(transformers):
+    """Issue 11: unsloth-zoo forces use_reentrant=True on transformers 5.x.  Whisper with adapters on q/v
+    (PEFT LoRA, and the same without peft), base frozen, no enable_input_require_grads(): no layer input
+    needs grad, so upstream's loss has no graph at all; with hotfix (transformers-frozen-inputs, gated on
+    the mechanism, not on 4.x) every adapter gradient equals a run without checkpointing, and every layer
+    ran through UnslothCheckpointFunction."""
+    cases = ["whisper-qv-no-hook", "whisper-lora-no-hook"]
+    results = _run("2026.10.9", cases + ["pvt-v2"], then=cases + ["pvt-v2"], transformers=transformers)
+    for case in cases:
+        upstream, fixed = results[("upstream", case)], results[("hotfix", case)]
+        assert upstream["status"] == "crash" and "does not require grad" in upstream["error"], upstream
+        _equal(fixed)
+        assert fixed["summary"].startswith("24/24"), fixed
+        assert fixed["unsloth_nodes"] == 4, fixed
+    assert results[("hotfix", "header")]["applied"]["transformers-frozen-inputs"]
+    # Nested outputs (pvt_v2 stages return ((hidden,), h, w)): upstream silently loses 52 of 54 gradients
+    # through unsloth's Function as through torch's; with hotfix they are checkpoint outputs.
+    upstream, fixed = results[("upstream", "pvt-v2")], results[("hotfix", "pvt-v2")]
+    assert upstream["status"] == "differs" and upstream["missing"] == 52, upstream
+    _equal(fixed)
+    assert fixed["unsloth_nodes"] == 2, fixed
+
+
 def test_late_activation_and_zoo_patch_alone():
     """hotfix imported after the release and after unsloth swapped torch's Function,
     with the transformers patch opted out: the zoo patch alone fixes the HF path."""
@@ -175,7 +200,7 @@ def test_late_activation_and_zoo_patch_alone():
 
 
 def test_drift_skips_with_one_warning_each():
-    proc = run_python([str(TOOLS / "zoo_loader.py"), "drift"], pythonpath=[matrix_path("unsloth-zoo", "2025.11.3")],
+    proc = run_python([str(TOOLS / "zoo_cases.py"), "drift"], pythonpath=[matrix_path("unsloth-zoo", "2025.11.3")],
                       timeout=120)
     lines = json_lines(proc.stdout)
     assert len(lines) == 1, proc.stderr[-3000:]

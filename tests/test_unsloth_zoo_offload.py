@@ -1,6 +1,6 @@
-"""hotfix.offload and the replacement checkpoint Function, in this process, on CPU.
+"""hotfix.patches._offload and the replacement checkpoint Function, in this process, on CPU.
 
-The offloader runs on hotfix.offload.SimulatedDevice: real copies between CPU
+The offloader runs on hotfix.patches._offload.SimulatedDevice: real copies between CPU
 tensors, with every wait / copy / allocation logged, so the stream ordering,
 buffer reuse and schedule are checked without a GPU.  The checkpoint methods
 are bound to a Function class defined here (no unsloth needed).
@@ -14,7 +14,7 @@ import gc as garbage
 import pytest
 import torch
 
-from hotfix.offload import OFFLOAD_MESSAGE, ActivationOffloader, CudaDevice, SimulatedDevice
+from hotfix.patches._offload import OFFLOAD_MESSAGE, ActivationOffloader, CudaDevice, SimulatedDevice
 from hotfix.patches.unsloth_zoo_offload_backward import build_checkpoint_methods
 
 

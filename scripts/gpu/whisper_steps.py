@@ -128,7 +128,7 @@ def main(argv=None):
 
     if args.mode == "unsloth":
         load_zoo(args, torch)
-    from hotfix.gradcheck import compare_grads  # the one comparison engine (None never equals zero)
+    from hotfix.diagnostics.compare import compare_grads, short_error  # the one rule (None never equals zero)
 
     cuda = args.device == "cuda"
     model, mels, frames, vocab = build(args, torch)
@@ -185,7 +185,7 @@ def main(argv=None):
         except torch.cuda.OutOfMemoryError as exc:
             row.update(status="oom", error=str(exc).splitlines()[0][:200])
         except Exception as exc:
-            row.update(status="crash", error=f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}")
+            row.update(status="crash", error=short_error(exc))
         finally:
             model.zero_grad(set_to_none=True)
             batch = None

@@ -18,8 +18,8 @@ import types
 import pytest
 import torch
 
-from hotfix.checkpoint_inputs import find_grad_tensors, lift_closure_tensors
-from hotfix.checkpoint_slot import ATTRIBUTE, CheckpointFunctionSlot
+from hotfix.patches._checkpoint_inputs import find_grad_tensors, lift_closure_tensors
+from hotfix.patches._checkpoint_slot import ATTRIBUTE, CheckpointFunctionSlot
 from hotfix.config import parse_disable, parse_log_level, parse_patch_list
 from hotfix.patch import Patch
 from hotfix.reload_watch import ReloadWatcher

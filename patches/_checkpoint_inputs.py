@@ -35,7 +35,29 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import torch
 
-__all__ = ["lift_closure_tensors", "find_grad_tensors"]
+__all__ = ["lift_closure_tensors", "find_grad_tensors", "is_reentrant", "layer_call", "map_structure"]
+
+
+def is_reentrant(checkpoint: Any, kwargs: dict) -> bool:
+    """False only where the call is known to be non-reentrant (which has none of these problems).
+
+    ``checkpoint`` is the function a layer holds (transformers stores
+    ``partial(checkpoint, use_reentrant=...)``); torch's default (None) is reentrant.
+    """
+    value = kwargs.get("use_reentrant")
+    if value is None and isinstance(checkpoint, functools.partial):
+        value = checkpoint.keywords.get("use_reentrant")
+    return value is None or bool(value)
+
+
+def layer_call(function: Any) -> Any:
+    """The layer call inside wrappers that mark themselves with ``__wrapped__`` (FlatOutputs)."""
+    for _ in range(8):
+        inner = getattr(function, "__wrapped__", None) if not isinstance(function, functools.partial) else None
+        if inner is None or inner is function:
+            return function
+        function = inner
+    return function
 
 
 def _needs_grad(value: Any) -> bool:
@@ -59,23 +81,23 @@ def find_grad_tensors(value: Any, found: List[torch.Tensor], seen: set) -> None:
             find_grad_tensors(item, found, seen)
 
 
-def _substitute(value: Any, replacement: dict) -> Any:
-    """Rebuild ``value`` with each lifted tensor swapped for its recomputation twin.
+def map_structure(value: Any, is_leaf: Callable[[Any], bool], fn: Callable[[Any], Any]) -> Any:
+    """``value`` rebuilt with ``fn`` applied to every leaf, through tuples, lists and dicts.
 
     Containers are rebuilt with their own type, so named tuples and dict
     subclasses (``ModelOutput``-like) keep their class.
     """
-    if isinstance(value, torch.Tensor):
-        return replacement.get(id(value), value)
+    if is_leaf(value):
+        return fn(value)
     if isinstance(value, tuple):
-        items = [_substitute(item, replacement) for item in value]
+        items = [map_structure(item, is_leaf, fn) for item in value]
         if hasattr(value, "_fields"):  # named tuple: positional constructor
             return type(value)(*items)
         return type(value)(items)
     if isinstance(value, list):
-        return type(value)(_substitute(item, replacement) for item in value)
+        return type(value)(map_structure(item, is_leaf, fn) for item in value)
     if isinstance(value, dict):
-        rebuilt = {key: _substitute(item, replacement) for key, item in value.items()}
+        rebuilt = {key: map_structure(item, is_leaf, fn) for key, item in value.items()}
         if type(value) is dict:
             return rebuilt
         try:
@@ -83,6 +105,15 @@ def _substitute(value: Any, replacement: dict) -> Any:
         except Exception:  # a dict subclass with its own constructor: keep a plain dict
             return rebuilt
     return value
+
+
+def _is_tensor(value: Any) -> bool:
+    return isinstance(value, torch.Tensor)
+
+
+def _substitute(value: Any, replacement: dict) -> Any:
+    """Rebuild ``value`` with each lifted tensor swapped for its recomputation twin."""
+    return map_structure(value, _is_tensor, lambda tensor: replacement.get(id(tensor), tensor))
 
 
 def lift_closure_tensors(

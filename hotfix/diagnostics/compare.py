@@ -1,7 +1,8 @@
-"""Compare a model's parameter gradients between two runs.
+"""The one gradient comparison: every parameter equal / missing / unexpected / wrong.
 
-Used by ``hotfix doctor`` and the tests to prove a checkpointed run gives the
-gradients of a run without checkpointing.
+Everything that compares a checkpointed step with a step without
+checkpointing (``check-model``, ``doctor``, the tests, the sweep, the
+benchmarks, the GPU kit) classifies gradients here, with one tolerance rule.
 
 Why the error is not plain per-parameter relative error: some gradients are
 zero in exact arithmetic (an attention key bias, for one: softmax is invariant
@@ -15,22 +16,23 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 #: default tolerance by dtype: recomputation repeats the same kernels, so fp32
 #: agrees to rounding; half precisions get their own epsilon-scaled bounds.
 TOLERANCE_BY_DTYPE = {
-    torch.float64: 1e-10,
-    torch.float32: 1e-6,
-    torch.bfloat16: 2e-2,
-    torch.float16: 2e-3,
-}
+    "float64": 1e-10,
+    "float32": 1e-6,
+    "bfloat16": 2e-2,
+    "float16": 2e-3,
+}  # by name: this module imports no torch (``hotfix status`` uses short_error)
 FLOOR = 1e-3
 
 
-def collect_grads(model: torch.nn.Module) -> Dict[str, Optional[torch.Tensor]]:
+def collect_grads(model) -> Dict[str, Optional["torch.Tensor"]]:
     """name -> detached copy of .grad (None where no gradient arrived), trainable params only."""
     return {
         name: (None if p.grad is None else p.grad.detach().clone())
@@ -39,8 +41,9 @@ def collect_grads(model: torch.nn.Module) -> Dict[str, Optional[torch.Tensor]]:
     }
 
 
-def tolerance_for(dtype: torch.dtype) -> float:
-    return TOLERANCE_BY_DTYPE.get(dtype, 1e-6)
+def tolerance_for(dtype) -> float:
+    """The relative tolerance for a ``torch.dtype`` (or its name, "float32")."""
+    return TOLERANCE_BY_DTYPE.get(str(dtype).replace("torch.", ""), 1e-6)
 
 
 @dataclass
@@ -58,6 +61,17 @@ class GradReport:
     @property
     def total(self) -> int:
         return len(self.equal) + len(self.missing) + len(self.unexpected) + len(self.wrong)
+
+    def state(self, name: str) -> str:
+        """One parameter's verdict: equal | missing | unexpected | wrong (<error>)."""
+        if name in self.missing:
+            return "missing"
+        if name in self.unexpected:
+            return "unexpected"
+        for wrong_name, error in self.wrong:
+            if wrong_name == name:
+                return f"wrong ({error:.1e})"
+        return "equal"
 
     def summary(self) -> str:
         text = f"{len(self.equal)}/{self.total} parameter gradients equal (max rel. error {self.max_error:.1e})"
@@ -77,8 +91,8 @@ def describe_problems(missing: List[str], wrong: List[Tuple[str, float]], unexpe
 
 
 def compare_grads(
-    reference: Dict[str, Optional[torch.Tensor]],
-    candidate: Dict[str, Optional[torch.Tensor]],
+    reference: Dict[str, Optional["torch.Tensor"]],
+    candidate: Dict[str, Optional["torch.Tensor"]],
     rtol: Optional[float] = None,
     floor: float = FLOOR,
 ) -> GradReport:
@@ -113,3 +127,10 @@ def compare_grads(
         else:
             report.wrong.append((name, error))
     return report
+
+
+def short_error(exc: BaseException, limit: int = 300) -> str:
+    """``Type: first sentence of the first line`` -- the one-line form every report uses for an exception."""
+    lines = str(exc).strip().splitlines()
+    text = lines[0].split(" (")[0].split(". ")[0] if lines else ""
+    return f"{type(exc).__name__}: {text[:limit]}" if text else type(exc).__name__

@@ -45,227 +45,25 @@ reason: two GPUs have two side streams.
 
 from __future__ import annotations
 
-import collections
 import contextlib
-import logging
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
 
-logger = logging.getLogger("hotfix")
+# The devices live beside this module; re-exported because the fix and its tests name them here.
+from hotfix.patches._offload_devices import CudaDevice, HostBufferPool, HostLease, SimulatedDevice, round_up  # noqa: F401
 
 #: printed (stdout, like upstream) the first time an activation is offloaded;
 #: the exact text unsloth prints, so logs and user expectations do not change.
 OFFLOAD_MESSAGE = "Unsloth: Will smartly offload gradients to save VRAM!"
 #: unsloth offloads only inputs larger than 2 MiB (smaller ones are cheaper to keep)
 DEFAULT_THRESHOLD_BYTES = 2 * 1024 * 1024
-#: buffer sizes are rounded up to this many bytes so that a batch a few tokens
-#: longer than the last one still fits the buffers already allocated
-ROUND_BYTES = 64 * 1024
-
-
-def _round_up(nbytes: int) -> int:
-    return max(ROUND_BYTES, -(-nbytes // ROUND_BYTES) * ROUND_BYTES)
 
 
 def _device_key(device: torch.device) -> Tuple[str, int]:
     return (device.type, -1 if device.index is None else device.index)
-
-
-# ---------------------------------------------------------------------------
-# devices
-# ---------------------------------------------------------------------------
-class CudaDevice:
-    """Real offloading: pinned host memory, one side stream per GPU."""
-
-    name = "cuda"
-
-    def __init__(self) -> None:
-        self._side_streams: Dict[int, Any] = {}
-        self._warned_pageable = False
-
-    def handles(self, tensor: torch.Tensor) -> bool:
-        # ROCm builds report HIP tensors as cuda too.  XPU/NPU tensors are not
-        # offloaded: they are saved on the device as plain checkpointing does.
-        return tensor.is_cuda
-
-    def _index(self, device: torch.device) -> int:
-        return device.index if device.index is not None else torch.cuda.current_device()
-
-    def compute_stream(self, device: torch.device) -> Any:
-        # The *current* stream, not the default one: the activation was made
-        # on whatever stream the caller (or autograd, in backward) runs on.
-        return torch.cuda.current_stream(self._index(device))
-
-    def side_stream(self, device: torch.device) -> Any:
-        index = self._index(device)
-        stream = self._side_streams.get(index)
-        if stream is None:
-            stream = self._side_streams[index] = torch.cuda.Stream(device=index)
-        return stream
-
-    def wait(self, waiter: Any, waited: Any) -> None:
-        waiter.wait_stream(waited)
-
-    def on(self, stream: Any):
-        return torch.cuda.stream(stream)
-
-    def new_host_buffer(self, nbytes: int) -> torch.Tensor:
-        try:
-            return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
-        except RuntimeError as exc:
-            # Pinned memory can run out (or be forbidden in containers).  A
-            # pageable buffer still gives correct results; the copies just
-            # stop overlapping with compute.
-            if not self._warned_pageable:
-                self._warned_pageable = True
-                logger.warning("hotfix: pinned host memory unavailable (%s); offloading to pageable memory", exc)
-            return torch.empty(nbytes, dtype=torch.uint8)
-
-    def new_device_buffer(self, nbytes: int, device: torch.device) -> torch.Tensor:
-        return torch.empty(nbytes, dtype=torch.uint8, device=device)
-
-    def copy(self, dst: torch.Tensor, src: torch.Tensor, direction: str) -> None:
-        dst.copy_(src, non_blocking=True)
-
-
-@dataclass(frozen=True)
-class SimulatedStream:
-    name: str
-
-
-class SimulatedDevice:
-    """A CPU stand-in for :class:`CudaDevice` that records what it is asked to do.
-
-    ``log`` holds tuples, in order:
-
-    * ``("wait", waiter, waited)``            stream names
-    * ``("copy", direction, stream, nbytes)`` direction "to_host" / "to_device";
-      stream is the stream *current* when the copy ran
-    * ``("alloc", "host" | "device", nbytes)``
-
-    Copies are real ``copy_`` calls between CPU tensors, so results (and the
-    gradients computed from reloaded inputs) are exact.
-    """
-
-    name = "simulated"
-    COMPUTE = SimulatedStream("compute")
-    SIDE = SimulatedStream("side")
-
-    def __init__(self) -> None:
-        self.log: List[tuple] = []
-        self._current = self.COMPUTE
-
-    def handles(self, tensor: torch.Tensor) -> bool:
-        return tensor.device.type == "cpu"
-
-    def compute_stream(self, device: torch.device) -> SimulatedStream:
-        return self.COMPUTE
-
-    def side_stream(self, device: torch.device) -> SimulatedStream:
-        return self.SIDE
-
-    def wait(self, waiter: SimulatedStream, waited: SimulatedStream) -> None:
-        self.log.append(("wait", waiter.name, waited.name))
-
-    @contextlib.contextmanager
-    def on(self, stream: SimulatedStream) -> Iterator[None]:
-        previous, self._current = self._current, stream
-        try:
-            yield
-        finally:
-            self._current = previous
-
-    def new_host_buffer(self, nbytes: int) -> torch.Tensor:
-        self.log.append(("alloc", "host", nbytes))
-        return torch.empty(nbytes, dtype=torch.uint8)
-
-    def new_device_buffer(self, nbytes: int, device: torch.device) -> torch.Tensor:
-        self.log.append(("alloc", "device", nbytes))
-        return torch.empty(nbytes, dtype=torch.uint8, device=device)
-
-    def copy(self, dst: torch.Tensor, src: torch.Tensor, direction: str) -> None:
-        self.log.append(("copy", direction, self._current.name, dst.numel() * dst.element_size()))
-        dst.copy_(src)
-
-    def events(self, kind: str) -> List[tuple]:
-        return [entry for entry in self.log if entry[0] == kind]
-
-
-# ---------------------------------------------------------------------------
-# host buffer pool
-# ---------------------------------------------------------------------------
-class HostLease:
-    """One host buffer lent to one offloaded activation.
-
-    Released explicitly after the copy back; if the activation is never
-    reloaded (its graph was dropped without backward) the buffer comes back
-    when the lease is garbage collected.  Release only appends to a deque
-    (atomic), so it is safe from ``__del__`` on any thread.
-    """
-
-    __slots__ = ("buffer", "_returns", "_released")
-
-    def __init__(self, buffer: torch.Tensor, returns: Deque[torch.Tensor]) -> None:
-        self.buffer = buffer
-        self._returns = returns
-        self._released = False
-
-    def release(self) -> None:
-        if not self._released:
-            self._released = True
-            self._returns.append(self.buffer)
-
-    def __del__(self) -> None:
-        try:
-            self.release()
-        except Exception:
-            pass
-
-
-class HostBufferPool:
-    """Host buffers of one device, reused across steps.
-
-    ``acquire`` takes the smallest free buffer that fits.  When none fits it
-    allocates a new one and drops the largest free one that was too small, so
-    the pool never holds more buffers than were in use at once.
-    """
-
-    def __init__(self, allocate: Callable[[int], torch.Tensor]) -> None:
-        self._allocate = allocate
-        self._free: List[torch.Tensor] = []
-        self._returns: Deque[torch.Tensor] = collections.deque()
-        self.allocations = 0
-        self.allocated_bytes = 0
-
-    def _drain(self) -> None:
-        while True:
-            try:
-                self._free.append(self._returns.popleft())
-            except IndexError:
-                return
-
-    def acquire(self, nbytes: int) -> HostLease:
-        self._drain()
-        fitting = [b for b in self._free if b.numel() >= nbytes]
-        if fitting:
-            buffer = min(fitting, key=lambda b: b.numel())
-            self._free.remove(buffer)
-        else:
-            if self._free:
-                self._free.remove(max(self._free, key=lambda b: b.numel()))
-            size = _round_up(nbytes)
-            buffer = self._allocate(size)
-            self.allocations += 1
-            self.allocated_bytes += size
-        return HostLease(buffer, self._returns)
-
-    @property
-    def free_buffers(self) -> int:
-        self._drain()
-        return len(self._free)
 
 
 # ---------------------------------------------------------------------------
@@ -329,7 +127,6 @@ class OffloadStats:
     #: pass number -> positions kept on the device (below threshold / last layer)
     kept: Dict[int, List[int]] = field(default_factory=dict)
     reloads: int = 0
-    messages: int = 0
 
 
 class ActivationOffloader:
@@ -425,7 +222,6 @@ class ActivationOffloader:
             self.stats.offloaded.setdefault(pass_number, []).append(position)
             if not self.announced:
                 self.announced = True
-                self.stats.messages += 1
                 self.announce(OFFLOAD_MESSAGE)
             return ticket
 
@@ -445,7 +241,7 @@ class ActivationOffloader:
         if buffer is None or buffer.numel() < ticket.nbytes:
             # Replace, do not resize in place: a view of the old buffer may
             # still be referenced by the previous layer's finished graph.
-            buffer = self._staging[key] = self.device.new_device_buffer(_round_up(ticket.nbytes), ticket.device)
+            buffer = self._staging[key] = self.device.new_device_buffer(round_up(ticket.nbytes), ticket.device)
             self.staging_allocations += 1
         return buffer[: ticket.nbytes].view(ticket.dtype).view(ticket.shape)
 

@@ -1,8 +1,12 @@
-"""Tiny random-weight models that hit the keyword-tensor bug, built on CPU in milliseconds.
+"""Tiny random-weight models that hit the checkpointing bugs, built on CPU in milliseconds.
 
 Each builder returns ``(model, batch)``; the model is in training mode and
-seeded, the batch is fixed.  Used by grad_case.py in fresh interpreters of
-every transformers release in the matrix.
+seeded, the batch is fixed.  The one set of tiny models: ``hotfix doctor``,
+the tests (in fresh interpreters of every transformers release in the matrix),
+the benchmarks and the GPU kit build theirs here.
+
+This module imports torch, transformers and (for LoRA) peft, never hotfix:
+children that must start unpatched load it by path (``tools/tiny_models.py``).
 """
 
 from __future__ import annotations
@@ -113,10 +117,12 @@ def custom_layer(seed=0, nested=False, positional=False):
             self.layers = nn.ModuleList([MixLayer() for _ in range(3)])
             self.gradient_checkpointing = False
 
-        def enable(self, use_reentrant=True):
+        def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs=None):
+            """transformers' API, on a model that is not a PreTrainedModel (use_reentrant defaults to True)."""
             from functools import partial
             from torch.utils.checkpoint import checkpoint
 
+            use_reentrant = (gradient_checkpointing_kwargs or {}).get("use_reentrant", True)
             for module in self.modules():
                 if isinstance(module, GradientCheckpointingLayer):
                     module.gradient_checkpointing = True
@@ -149,7 +155,22 @@ def custom_layer_positional(seed=0):
     return custom_layer(seed, positional=True)
 
 
+def pvt_v2(seed=0):
+    """Each encoder stage is one checkpointed layer returning ((hidden,), height, width): nested outputs."""
+    from transformers import PvtV2Config, PvtV2ForImageClassification
+
+    cfg = PvtV2Config(image_size=32, num_encoder_blocks=2, depths=[1, 1], sr_ratios=[2, 1], hidden_sizes=[8, 16],
+                      patch_sizes=[7, 3], strides=[4, 2], num_attention_heads=[1, 2], mlp_ratios=[2, 2],
+                      num_labels=3)
+    torch.manual_seed(seed)
+    model = PvtV2ForImageClassification(cfg).train()
+    g = _gen(seed + 1)
+    return model, {"pixel_values": torch.randn(2, 3, 32, 32, generator=g),
+                   "labels": torch.randint(0, 3, (2,), generator=g)}
+
+
 BUILDERS = {
+    "pvt-v2": pvt_v2,
     "whisper": whisper,
     "whisper-frozen-decoder-embeddings": whisper_frozen,
     "deberta-v2": deberta_v2,
@@ -172,7 +193,7 @@ def _whisper_adapter_ready(model):
     return model
 
 
-def whisper_lora(seed=0):
+def whisper_lora(seed=0, input_require_grads=True):
     """PEFT LoRA on q_proj/v_proj (random B, so every LoRA weight has a non-zero gradient)."""
     from peft import LoraConfig, get_peft_model  # ImportError -> the case is n/a
 
@@ -181,7 +202,12 @@ def whisper_lora(seed=0):
     config = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"],
                         init_lora_weights=False)
     model = get_peft_model(model, config).train()
-    return _whisper_adapter_ready(model), batch
+    return (_whisper_adapter_ready(model) if input_require_grads else model), batch
+
+
+def whisper_lora_no_hook(seed=0):
+    """PEFT LoRA on q_proj/v_proj without enable_input_require_grads() (issue 11's script)."""
+    return whisper_lora(seed, input_require_grads=False)
 
 
 def whisper_qv_only(seed=0):
@@ -204,4 +230,26 @@ BUILDERS.update({
     "whisper-lora": whisper_lora,
     "whisper-qv-only": whisper_qv_only,
     "whisper-qv-no-hook": whisper_qv_only_no_hook,
+    "whisper-lora-no-hook": whisper_lora_no_hook,
 })
+
+
+def whisper_trainer(samples=12, **training_args):
+    """A Seq2SeqTrainer over the tiny Whisper with gradient checkpointing on (CPU), ``training_args`` added."""
+    import tempfile
+
+    from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments
+
+    model, _ = whisper()
+    g = _gen(0)
+    data = [{"input_features": torch.randn(8, 20, generator=g),
+             "labels": torch.randint(3, 100, (5,), generator=g)} for _ in range(samples)]
+    args = Seq2SeqTrainingArguments(**dict(dict(
+        output_dir=tempfile.mkdtemp(), per_device_train_batch_size=2, max_steps=3, gradient_checkpointing=True,
+        learning_rate=1e-3, logging_steps=1, save_strategy="no", report_to="none", remove_unused_columns=False,
+        use_cpu=True, dataloader_num_workers=0, disable_tqdm=True), **training_args))
+
+    def collate(features):
+        return {key: torch.stack([f[key] for f in features]) for key in features[0]}
+
+    return Seq2SeqTrainer(model=model, args=args, train_dataset=data, data_collator=collate)

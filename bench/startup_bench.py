@@ -1,0 +1,112 @@
+"""Benchmarks 1-2: interpreter start-up and first-import activation, hotfix installed vs not."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+from bench_common import CHILD_CWD, env_without_hotfix_vars, interleaved_processes, median, summary
+
+
+# ---------------------------------------------------------------------------- 1 startup
+def bench_startup(reps, venvs):
+    with_hotfix, without = venvs
+    env = env_without_hotfix_vars()
+    times = interleaved_processes({
+        "not installed": ([without, "-c", "pass"], env),
+        "installed": ([with_hotfix, "-c", "pass"], env),
+        "installed, HOTFIX_DISABLE=1": ([with_hotfix, "-c", "pass"], {**env, "HOTFIX_DISABLE": "1"}),
+    }, reps, warmup=3)
+    out = {name: summary(ts) for name, ts in times.items()}
+    out["ratio installed / not installed"] = median(times["installed"]) / median(times["not installed"])
+    out["target"] = "<= 1.10"
+    return out
+
+
+# ---------------------------------------------------------------------------- 2 activation
+ACTIVATION_PROBE = r"""
+import sys, time, json
+if sys.argv[1] == "preload-torch":
+    import torch  # modeling_whisper imports it anyway; keeps its import out of hotfix's account
+spent = {"activation": 0.0, "apply": 0.0, "finders": 0.0}
+boot = [f for f in sys.meta_path if type(f).__name__ == "ActivateOnFirstImport"][0]
+original_find_spec, original_activate = boot.find_spec, boot.activate
+
+def timed_find_spec(name, path=None, target=None):
+    t = time.perf_counter()
+    try:
+        return original_find_spec(name, path, target)
+    finally:
+        spent["finders"] += time.perf_counter() - t   # the boot finder: no-op checks, or arming the trigger
+
+def timed_activate():
+    t = time.perf_counter()
+    try:
+        return original_activate()                    # import hotfix + registry.activate()
+    finally:
+        spent["activation"] += time.perf_counter() - t
+        import hotfix.patch as hp
+        original_apply = hp.Patch.apply
+        def timed_apply(self, module, **kw):
+            t0 = time.perf_counter()
+            try:
+                return original_apply(self, module, **kw)
+            finally:
+                spent["apply"] += time.perf_counter() - t0
+        hp.Patch.apply = timed_apply
+        for finder in sys.meta_path:       # wrapt's and hotfix's finders: every later import asks them
+            if type(finder).__module__.startswith(("wrapt", "hotfix")):
+                def wrap(f=finder, fs=finder.find_spec):
+                    def fs_timed(*a, **k):
+                        t1 = time.perf_counter()
+                        try:
+                            return fs(*a, **k)
+                        finally:
+                            spent["finders"] += time.perf_counter() - t1
+                    f.find_spec = fs_timed
+                wrap()
+
+boot.find_spec = timed_find_spec
+boot.activate = timed_activate
+t = time.perf_counter()
+import transformers.models.whisper.modeling_whisper
+total = time.perf_counter() - t
+from hotfix.registry import registry
+print(json.dumps({"total": total, **spent, "torch_preloaded": sys.argv[1] == "preload-torch",
+                  "applied": sorted(n for n, p in registry.patches().items() if p.applied)}))
+"""
+
+
+def bench_activation(reps, venvs):
+    with_hotfix, without = venvs
+    env = env_without_hotfix_vars()
+    argv = ["-c", "import transformers.models.whisper.modeling_whisper"]
+    times = interleaved_processes({
+        "not installed": ([without] + argv, env),
+        "installed": ([with_hotfix] + argv, env),
+    }, reps)
+    out = {name: summary(ts) for name, ts in times.items()}
+    plain = median(times["not installed"])
+    out["ratio installed / not installed (end to end)"] = median(times["installed"]) / plain
+    def probe(mode):
+        proc = subprocess.run([with_hotfix, "-c", ACTIVATION_PROBE, mode], env=env, capture_output=True, text=True,
+                              cwd=CHILD_CWD)
+        if proc.returncode:
+            raise RuntimeError(proc.stderr[-2000:])
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+    # As a user meets it, activation happens at `import transformers`, before
+    # transformers has imported torch: what hotfix's own modules import then
+    # (torch, if a patch imports it at module level) lands in its account.
+    as_is = probe("as-is")
+    out["in-process activation, torch not yet imported (ms)"] = 1e3 * as_is["activation"]
+    probes = [probe("preload-torch") for _ in range(max(3, reps // 2))]
+    inside = [p["activation"] + p["apply"] + p["finders"] for p in probes]
+    out["in-process hotfix time (torch preloaded)"] = summary(inside)
+    out["in-process parts (median ms)"] = {k: 1e3 * median([p[k] for p in probes]) for k in ("activation", "apply", "finders")}
+    out["in-process share of the import without hotfix"] = median(inside) / plain
+    out["patches applied"] = probes[0]["applied"]
+    out["target"] = "<= 3 % added"
+    return out
+
+

@@ -1,0 +1,117 @@
+"""``hotfix doctor``: reproduce the Whisper checkpointing bug here, with and without hotfix.
+
+Each run happens in a fresh interpreter (``python -m hotfix.diagnostics.doctor --child``)
+so the unpatched run is really unpatched: it gets ``HOTFIX_DISABLE=1``, which
+stops both ``import hotfix`` and the ``.pth`` auto-activation.  The model is a
+tiny random-weight Whisper built from a config: no download, a few seconds on
+a CPU (``tiny_models.py``).  The check is :func:`hotfix.diagnostics.checker.check_model`
+in its ``default`` mode: gradients of the checkpointed step compared with a step
+without checkpointing on the same weights and batch.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Dict, List
+
+from hotfix.diagnostics.children import child_env, json_lines, last_line, run_python
+from hotfix.notice import REPAIR_NOTICE
+
+# (case name, what it shows)
+CASES = (
+    ("whisper", "tiny Whisper, gradient_checkpointing_enable() with its defaults"),
+    ("whisper-frozen-decoder-embeddings", "same, decoder embeddings frozen (silent gradient loss)"),
+)
+
+
+def run_case(case: str) -> Dict:
+    """One case in this interpreter: the step without checkpointing, then with ``gradient_checkpointing_enable()``."""
+    import torch
+    import transformers
+
+    from hotfix.diagnostics import tiny_models
+    from hotfix.diagnostics.checker import check_model
+    from hotfix.registry import registry
+
+    result = {"case": case, "transformers": transformers.__version__, "torch": torch.__version__,
+              "hotfix_active": registry.active}
+    model, batch = tiny_models.BUILDERS[case]()
+    # cut="raise": a loss cut off the graph fails in backward(), as in the user's training script.
+    report = check_model(model, batch, modes=["default"], cut="raise", time_limit=300)
+    step = report.modes[0]
+    if report.reference.status != "reference":
+        result.update(status="error", error=report.reference.error)
+    elif step.grads is None:
+        result.update(status="crash", error=step.error)
+    else:
+        result.update(status="trains" if step.ok else "wrong-gradients", loss=step.loss, summary=step.grads.summary(),
+                      max_error=step.max_error, missing=len(step.missing), wrong=len(step.wrong))
+    return result
+
+
+def _child_main(cases: List[str]) -> int:
+    # Running as `python -m hotfix.diagnostics.doctor` imported the hotfix package, which
+    # activated it unless HOTFIX_DISABLE is set: exactly a user's `import hotfix`.
+    for case in cases:
+        print(json.dumps(run_case(case)), flush=True)
+    return 0
+
+
+def _run_child(disabled: bool) -> List[Dict]:
+    proc = run_python(["-m", "hotfix.diagnostics.doctor", "--child"] + [c for c, _ in CASES],
+                      env=child_env(hotfix=not disabled), timeout=600)
+    for line in proc.stderr.splitlines():
+        # hotfix's problem lines matter here; its "repaired" notice is what the table shows anyway.
+        if line.startswith("hotfix:") and not line.startswith(REPAIR_NOTICE):
+            print(f"  [{'without' if disabled else 'with'} hotfix] {line}")
+    results = json_lines(proc.stdout)
+    if not results:
+        results = [{"case": c, "status": "error", "error": last_line(proc)} for c, _ in CASES]
+    return results
+
+
+def _describe(result: Dict) -> str:
+    status = result.get("status")
+    if status == "crash":
+        return f"CRASH   {result['error']}"
+    if status == "error":
+        return f"ERROR   {result['error']}"
+    label = "TRAINS " if status == "trains" else "WRONG  "
+    return f"{label} loss {result['loss']:.4f}; {result['summary']}"
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--child"]:
+        return _child_main(argv[1:])
+    try:
+        import transformers  # noqa: F401  (only: can the children run at all?)
+    except Exception as exc:
+        print(f"hotfix doctor: transformers cannot be imported here ({exc!r}); nothing to check.")
+        return 2
+    print("hotfix doctor: tiny random-weight Whisper (2+2 layers, d_model 16) on CPU, one training step,")
+    print("gradients compared with the same step without checkpointing.\n")
+    without = _run_child(disabled=True)
+    with_fix = _run_child(disabled=False)
+    if without and "transformers" in without[0]:
+        print(f"transformers {without[0]['transformers']}, torch {without[0]['torch']}\n")
+    healthy = True
+    for (case, what), before, after in zip(CASES, without, with_fix):
+        print(f"{case}: {what}")
+        print(f"  without hotfix (HOTFIX_DISABLE=1): {_describe(before)}")
+        print(f"  with hotfix:                       {_describe(after)}")
+        healthy = healthy and after.get("status") == "trains"
+    broken_before = any(r.get("status") != "trains" for r in without)
+    print()
+    if healthy and broken_before:
+        print("verdict: this environment has the bug, and hotfix fixes it.")
+    elif healthy:
+        print("verdict: checkpointing already works here without hotfix; hotfix changes nothing.")
+    else:
+        print("verdict: checkpointing is still broken with hotfix here; please report it with `hotfix status`.")
+    return 0 if healthy else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,101 @@
+"""The checkpointing modes a check runs, and how a checkpoint function is named in reports.
+
+``reentrant`` / ``non-reentrant``: ``gradient_checkpointing_enable`` with
+``use_reentrant`` True / False; ``default``: ``gradient_checkpointing_enable()``
+with no arguments (the model's own default and whatever checkpoint function is
+installed, e.g. unsloth's; its qualified name is reported).
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from typing import Any, Optional
+
+MODES = ("reentrant", "non-reentrant", "default")
+
+
+def describe_function(fn: Any) -> str:
+    """Qualified name of a checkpoint function, with partial keywords and unsloth-style swaps shown."""
+    import functools
+
+    if fn is None:
+        return "none"
+    inner = getattr(fn, "__wrapped__", None)
+    if isinstance(fn, functools.partial):
+        kw = ", ".join(f"{k}={v!r}" for k, v in fn.keywords.items())
+        return f"{describe_function(fn.func)}({kw})" if kw else describe_function(fn.func)
+    if inner is not None and inner is not fn and type(fn).__module__.startswith("wrapt"):
+        return f"{describe_function(inner)} (wrapped)"
+    return f"{getattr(fn, '__module__', None) or '?'}.{getattr(fn, '__qualname__', None) or type(fn).__qualname__}"
+
+
+def installed_checkpoint() -> str:
+    """What torch.utils.checkpoint holds now (unsloth and others swap these)."""
+    import torch.utils.checkpoint as tuc
+
+    parts = [describe_function(tuc.checkpoint)]
+    cf = getattr(tuc, "CheckpointFunction", None)
+    if cf is not None and getattr(cf, "__module__", "") != "torch.utils.checkpoint":
+        parts.append(f"CheckpointFunction={cf.__module__}.{cf.__qualname__}")
+    tm = sys.modules.get("transformers.modeling_utils")
+    ckpt = getattr(tm, "checkpoint", None) if tm is not None else None
+    if ckpt is not None and ckpt is not tuc.checkpoint:
+        parts.append(f"transformers.modeling_utils.checkpoint={describe_function(ckpt)}")
+    return "; ".join(parts)
+
+
+def layer_function(model) -> Optional[str]:
+    for m in model.modules():
+        fn = m.__dict__.get("_gradient_checkpointing_func")
+        if fn is not None and getattr(m, "gradient_checkpointing", False):
+            return describe_function(fn)
+    return None
+
+
+def mode_name(mode: Any) -> str:
+    """A mode is one of MODES, or ``(name, enable_function)`` for another way to switch it on."""
+    return mode if isinstance(mode, str) else mode[0]
+
+
+def unknown_modes(modes) -> list:
+    return [m for m in modes if not (m in MODES or (isinstance(m, tuple) and len(m) == 2 and callable(m[1])))]
+
+
+def enable(model, mode: Any) -> str:
+    """Switch checkpointing on in ``mode``; the checkpoint function a layer now holds, named."""
+    if not isinstance(mode, str):  # (name, function): e.g. transformers 5.17's activation_checkpointing_enable
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            mode[1](model)
+        held = layer_function(model)
+        if held is None:
+            raise NotImplementedError(f"{mode[0]} set no checkpoint function on any layer")
+        return held
+    enable = getattr(model, "gradient_checkpointing_enable", None)
+    if enable is None:
+        raise NotImplementedError(f"{type(model).__name__} has no gradient_checkpointing_enable()")
+    if getattr(model, "supports_gradient_checkpointing", True) is False:
+        raise NotImplementedError(f"{type(model).__name__}.supports_gradient_checkpointing is False")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        if mode == "reentrant":
+            enable(gradient_checkpointing_kwargs={"use_reentrant": True})
+        elif mode == "non-reentrant":
+            enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        elif mode == "default":
+            enable()
+        else:
+            raise ValueError(f"unknown checkpointing mode {mode!r}; known: {', '.join(MODES)}")
+    held = layer_function(model)
+    if held is None:
+        raise NotImplementedError("gradient_checkpointing_enable() set no checkpoint function on any layer")
+    return held if mode != "default" else f"{held}; installed: {installed_checkpoint()}"
+
+
+def disable(model) -> None:
+    disable = getattr(model, "gradient_checkpointing_disable", None)
+    with warnings.catch_warnings():  # 5.23 deprecates both names (FutureWarning)
+        warnings.simplefilter("ignore", FutureWarning)
+        if disable is not None and getattr(model, "is_gradient_checkpointing", False):
+            disable()

@@ -1,0 +1,218 @@
+"""Where the activation offloader's bytes live (``patches/_offload.py``): devices and the host buffer pool.
+
+A *device* does the five things offloading needs: name the compute stream and
+the side stream of a tensor's device, make one stream wait for another, run
+copies on a stream, allocate host / device buffers.  :class:`CudaDevice` is the
+real one (pinned memory, ``non_blocking`` copies, one side stream per GPU).
+:class:`SimulatedDevice` runs on CPU: the copies really happen (so gradients
+can be checked), and every wait / copy / allocation is appended to ``log`` so
+tests can assert the ordering.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+from dataclasses import dataclass
+from typing import Any, Callable, Deque, Dict, Iterator, List
+
+import torch
+
+logger = logging.getLogger("hotfix")
+
+#: buffer sizes are rounded up to this many bytes so that a batch a few tokens
+#: longer than the last one still fits the buffers already allocated
+ROUND_BYTES = 64 * 1024
+
+
+def round_up(nbytes: int) -> int:
+    return max(ROUND_BYTES, -(-nbytes // ROUND_BYTES) * ROUND_BYTES)
+
+# ---------------------------------------------------------------------------
+# devices
+# ---------------------------------------------------------------------------
+class CudaDevice:
+    """Real offloading: pinned host memory, one side stream per GPU."""
+
+    name = "cuda"
+
+    def __init__(self) -> None:
+        self._side_streams: Dict[int, Any] = {}
+        self._warned_pageable = False
+
+    def handles(self, tensor: torch.Tensor) -> bool:
+        # ROCm builds report HIP tensors as cuda too.  XPU/NPU tensors are not
+        # offloaded: they are saved on the device as plain checkpointing does.
+        return tensor.is_cuda
+
+    def _index(self, device: torch.device) -> int:
+        return device.index if device.index is not None else torch.cuda.current_device()
+
+    def compute_stream(self, device: torch.device) -> Any:
+        # The *current* stream, not the default one: the activation was made
+        # on whatever stream the caller (or autograd, in backward) runs on.
+        return torch.cuda.current_stream(self._index(device))
+
+    def side_stream(self, device: torch.device) -> Any:
+        index = self._index(device)
+        stream = self._side_streams.get(index)
+        if stream is None:
+            stream = self._side_streams[index] = torch.cuda.Stream(device=index)
+        return stream
+
+    def wait(self, waiter: Any, waited: Any) -> None:
+        waiter.wait_stream(waited)
+
+    def on(self, stream: Any):
+        return torch.cuda.stream(stream)
+
+    def new_host_buffer(self, nbytes: int) -> torch.Tensor:
+        try:
+            return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+        except RuntimeError as exc:
+            # Pinned memory can run out (or be forbidden in containers).  A
+            # pageable buffer still gives correct results; the copies just
+            # stop overlapping with compute.
+            if not self._warned_pageable:
+                self._warned_pageable = True
+                logger.warning("hotfix: pinned host memory unavailable (%s); offloading to pageable memory", exc)
+            return torch.empty(nbytes, dtype=torch.uint8)
+
+    def new_device_buffer(self, nbytes: int, device: torch.device) -> torch.Tensor:
+        return torch.empty(nbytes, dtype=torch.uint8, device=device)
+
+    def copy(self, dst: torch.Tensor, src: torch.Tensor, direction: str) -> None:
+        dst.copy_(src, non_blocking=True)
+
+
+@dataclass(frozen=True)
+class SimulatedStream:
+    name: str
+
+
+class SimulatedDevice:
+    """A CPU stand-in for :class:`CudaDevice` that records what it is asked to do.
+
+    ``log`` holds tuples, in order:
+
+    * ``("wait", waiter, waited)``            stream names
+    * ``("copy", direction, stream, nbytes)`` direction "to_host" / "to_device";
+      stream is the stream *current* when the copy ran
+    * ``("alloc", "host" | "device", nbytes)``
+
+    Copies are real ``copy_`` calls between CPU tensors, so results (and the
+    gradients computed from reloaded inputs) are exact.
+    """
+
+    name = "simulated"
+    COMPUTE = SimulatedStream("compute")
+    SIDE = SimulatedStream("side")
+
+    def __init__(self) -> None:
+        self.log: List[tuple] = []
+        self._current = self.COMPUTE
+
+    def handles(self, tensor: torch.Tensor) -> bool:
+        return tensor.device.type == "cpu"
+
+    def compute_stream(self, device: torch.device) -> SimulatedStream:
+        return self.COMPUTE
+
+    def side_stream(self, device: torch.device) -> SimulatedStream:
+        return self.SIDE
+
+    def wait(self, waiter: SimulatedStream, waited: SimulatedStream) -> None:
+        self.log.append(("wait", waiter.name, waited.name))
+
+    @contextlib.contextmanager
+    def on(self, stream: SimulatedStream) -> Iterator[None]:
+        previous, self._current = self._current, stream
+        try:
+            yield
+        finally:
+            self._current = previous
+
+    def new_host_buffer(self, nbytes: int) -> torch.Tensor:
+        self.log.append(("alloc", "host", nbytes))
+        return torch.empty(nbytes, dtype=torch.uint8)
+
+    def new_device_buffer(self, nbytes: int, device: torch.device) -> torch.Tensor:
+        self.log.append(("alloc", "device", nbytes))
+        return torch.empty(nbytes, dtype=torch.uint8, device=device)
+
+    def copy(self, dst: torch.Tensor, src: torch.Tensor, direction: str) -> None:
+        self.log.append(("copy", direction, self._current.name, dst.numel() * dst.element_size()))
+        dst.copy_(src)
+
+
+# ---------------------------------------------------------------------------
+# host buffer pool
+# ---------------------------------------------------------------------------
+class HostLease:
+    """One host buffer lent to one offloaded activation.
+
+    Released explicitly after the copy back; if the activation is never
+    reloaded (its graph was dropped without backward) the buffer comes back
+    when the lease is garbage collected.  Release only appends to a deque
+    (atomic), so it is safe from ``__del__`` on any thread.
+    """
+
+    __slots__ = ("buffer", "_returns", "_released")
+
+    def __init__(self, buffer: torch.Tensor, returns: Deque[torch.Tensor]) -> None:
+        self.buffer = buffer
+        self._returns = returns
+        self._released = False
+
+    def release(self) -> None:
+        if not self._released:
+            self._released = True
+            self._returns.append(self.buffer)
+
+    def __del__(self) -> None:
+        try:
+            self.release()
+        except Exception:
+            pass
+
+
+class HostBufferPool:
+    """Host buffers of one device, reused across steps.
+
+    ``acquire`` takes the smallest free buffer that fits.  When none fits it
+    allocates a new one and drops the largest free one that was too small, so
+    the pool never holds more buffers than were in use at once.
+    """
+
+    def __init__(self, allocate: Callable[[int], torch.Tensor]) -> None:
+        self._allocate = allocate
+        self._free: List[torch.Tensor] = []
+        self._returns: Deque[torch.Tensor] = collections.deque()
+        self.allocations = 0
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                self._free.append(self._returns.popleft())
+            except IndexError:
+                return
+
+    def acquire(self, nbytes: int) -> HostLease:
+        self._drain()
+        fitting = [b for b in self._free if b.numel() >= nbytes]
+        if fitting:
+            buffer = min(fitting, key=lambda b: b.numel())
+            self._free.remove(buffer)
+        else:
+            if self._free:
+                self._free.remove(max(self._free, key=lambda b: b.numel()))
+            size = round_up(nbytes)
+            buffer = self._allocate(size)
+            self.allocations += 1
+        return HostLease(buffer, self._returns)
+
+    @property
+    def free_buffers(self) -> int:
+        self._drain()
+        return len(self._free)

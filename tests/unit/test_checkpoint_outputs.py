@@ -1,0 +1,112 @@
+"""patches/_checkpoint_outputs.py in-process: nested outputs of a reentrant checkpoint.
+
+Failing without (the nested tensor leaves the checkpoint detached: its producer's parameters get no
+gradient), passing with (every gradient equals the run without checkpointing), and the structure the
+layer returned comes back: tuples, named tuples, lists, dicts and non-tensor leaves.
+"""
+
+from __future__ import annotations
+
+import collections
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from hotfix.diagnostics.compare import collect_grads, compare_grads
+from hotfix.patches._checkpoint_inputs import layer_call
+from hotfix.patches._checkpoint_outputs import FlatOutputs
+
+Stage = collections.namedtuple("Stage", "hidden extra")
+
+
+class Nested(torch.nn.Module):
+    """Returns ((hidden,), height, width) like PvtV2EncoderLayer, or another nesting."""
+
+    def __init__(self, shape="pvt"):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.shape = shape
+
+    def forward(self, x):
+        h = torch.tanh(self.lin(x))
+        if self.shape == "pvt":
+            return (h,), 3, 5
+        if self.shape == "named":
+            return Stage(hidden=[h], extra={"scaled": h * 2, "note": "x"})
+        return {"hidden": h}
+
+
+class Model(torch.nn.Module):
+    def __init__(self, shape="pvt", fix=False, reentrant=True):
+        super().__init__()
+        self.layers = torch.nn.ModuleList([Nested(shape) for _ in range(2)])
+        self.head = torch.nn.Linear(4, 1)
+        self.fix, self.reentrant, self.checkpointing = fix, reentrant, False
+
+    def _unpack(self, out):
+        if isinstance(out, dict):
+            return out["hidden"]
+        if len(out) == 2:  # Stage (upstream's autograd.Function hands back a plain tuple)
+            assert isinstance(out, Stage) or not self.fix
+            hidden, extra = out
+            assert extra["note"] == "x"
+            return hidden[0] + extra["scaled"]
+        (hidden,), height, width = out
+        assert (height, width) == (3, 5)
+        return hidden
+
+    def forward(self, x):
+        for layer in self.layers:
+            if self.checkpointing:
+                call = FlatOutputs(layer) if self.fix else layer
+                out = checkpoint(call, x, use_reentrant=self.reentrant)
+                out = call.rebuild(out) if self.fix else out
+            else:
+                out = layer(x)
+            x = self._unpack(out)
+        return self.head(x).pow(2).sum()
+
+
+def _grads(model, x, checkpointing):
+    model.zero_grad(set_to_none=True)
+    model.checkpointing = checkpointing
+    model(x.clone().requires_grad_(True)).backward()
+    return collect_grads(model)
+
+
+def _compare(shape, fix, reentrant=True):
+    torch.manual_seed(0)
+    model = Model(shape, fix, reentrant).train()
+    x = torch.randn(2, 4)
+    return compare_grads(_grads(model, x, False), _grads(model, x, True))
+
+
+def test_nested_output_loses_gradients_without_and_keeps_them_with_flat_outputs():
+    for shape in ("pvt", "named", "dict"):
+        broken = _compare(shape, fix=False)
+        assert broken.missing, (shape, broken.summary())  # upstream: silent, no error
+        fixed = _compare(shape, fix=True)
+        assert fixed.ok and fixed.total == 6, (shape, fixed.summary())
+
+
+def test_non_reentrant_needs_nothing_and_flat_outputs_changes_nothing_there():
+    assert _compare("pvt", fix=False, reentrant=False).ok
+    assert _compare("pvt", fix=True, reentrant=False).ok
+
+
+def test_flat_outputs_pass_through_what_the_checkpoint_already_sees():
+    hidden = torch.ones(2)
+    for output in (hidden, (hidden, None), (hidden, hidden * 2), [hidden]):
+        flat = FlatOutputs(lambda: output)
+        assert flat() is output and flat.nested is False
+        assert flat.rebuild(output) is output
+
+
+def test_the_remembered_structure_holds_no_tensor_and_others_see_the_layer_through_it():
+    layer = Nested("pvt")
+    flat = FlatOutputs(layer)
+    result = flat(torch.randn(2, 4))
+    assert flat.nested and isinstance(result, tuple) and len(result) == 1
+    (inner,), height, width = flat._skeleton
+    assert not isinstance(inner, torch.Tensor) and (height, width) == (3, 5)  # no activation kept alive
+    assert layer_call(flat) is layer

@@ -1,0 +1,187 @@
+"""In-process unit tests of the diagnostics: the comparison engine, its one-line errors, the
+child-process environment, check-model's modes and result accounting, the memory helpers.
+
+Seconds, no child interpreter: the same engine is what check-model, doctor, the tests,
+the sweep and the benchmarks use, so its rules are pinned here once.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from hotfix.config import DISABLE_VAR
+from hotfix.diagnostics import modes
+from hotfix.diagnostics.children import child_env, json_lines, last_line
+from hotfix.diagnostics.compare import GradReport, compare_grads, short_error, tolerance_for
+from hotfix.diagnostics.guard import GuardTripped, Watchdog
+from hotfix.diagnostics.memory import fmt_bytes, parse_bytes
+from hotfix.diagnostics.results import ModeResult
+
+
+# --------------------------------------------------------------------------- compare_grads
+def test_none_is_never_equal_to_a_zero_gradient():
+    reference = {"a": torch.zeros(3), "b": None, "c": torch.ones(2)}
+    report = compare_grads(reference, {"a": None, "b": torch.zeros(1), "c": torch.ones(2)})
+    assert report.missing == ["a"]  # reference zero, candidate None: an optimizer skips it
+    assert report.unexpected == ["b"]  # reference None, candidate zero
+    assert report.equal == ["c"]
+    assert not report.ok and report.total == 3
+    assert report.state("a") == "missing" and report.state("b") == "unexpected" and report.state("c") == "equal"
+
+
+def test_none_equals_none_and_a_name_absent_from_the_candidate_is_missing():
+    report = compare_grads({"frozen": None, "w": torch.ones(2)}, {"frozen": None})
+    assert report.equal == ["frozen"] and report.missing == ["w"]
+
+
+def test_one_tolerance_rule_relative_to_the_larger_of_own_and_floor_times_model_norm():
+    big = torch.full((100,), 10.0)
+    noise = torch.tensor([1e-9])  # a gradient that is zero in exact arithmetic, only rounding noise
+    reference = {"big": big, "bias": noise}
+    # the noise doubles: relative to itself a 100 % error, relative to the model's norm far below 1e-6
+    report = compare_grads(reference, {"big": big.clone(), "bias": noise * 2})
+    assert report.ok and report.max_error < 1e-6
+    wrong = compare_grads(reference, {"big": big * 1.01, "bias": noise})
+    assert [name for name, _ in wrong.wrong] == ["big"] and wrong.state("big").startswith("wrong (")
+    assert abs(wrong.max_error - 0.01) < 1e-6  # float32 rounding of 1.01
+
+
+def test_tolerance_by_dtype_and_explicit_rtol():
+    assert tolerance_for(torch.float32) == tolerance_for("float32") == 1e-6
+    assert tolerance_for(torch.bfloat16) > tolerance_for(torch.float16) > tolerance_for(torch.float32)
+    reference = {"w": torch.ones(4)}
+    assert not compare_grads(reference, {"w": torch.ones(4) * 1.001}).ok
+    assert compare_grads(reference, {"w": torch.ones(4) * 1.001}, rtol=1e-2).ok
+    half = {"w": torch.ones(4, dtype=torch.bfloat16)}
+    assert compare_grads(half, {"w": half["w"] * 1.001}).ok  # bf16's own bound
+
+
+def test_summary_names_an_example_of_each_problem():
+    report = GradReport(equal=["a"], missing=["m"], wrong=[("w", 0.5)], unexpected=["u"], max_error=0.5)
+    text = report.summary()
+    assert text.startswith("1/4 parameter gradients equal")
+    assert "1 missing (e.g. m)" in text and "1 wrong (e.g. w: 5.0e-01)" in text and "1 unexpected (e.g. u)" in text
+
+
+# --------------------------------------------------------------------------- short_error
+def test_short_error_is_type_and_first_sentence_of_first_line():
+    exc = RuntimeError("Trying to backward through the graph a second time (or directly access saved "
+                       "tensors after they have already been freed). Saved intermediate values...\nmore")
+    assert short_error(exc) == "RuntimeError: Trying to backward through the graph a second time"
+    assert short_error(ValueError("")) == "ValueError"
+    assert short_error(KeyError("x" * 500), limit=10) == "KeyError: " + "'" + "x" * 9
+
+
+# --------------------------------------------------------------------------- children
+def test_child_env_turns_hotfix_off_and_scrubs_settings_only_when_asked():
+    base = {"PATH": "/bin", DISABLE_VAR: "1", "HOTFIX_LOG_LEVEL": "INFO", "PYTHONPATH": "/old"}
+    on = child_env(True, base=base)
+    assert DISABLE_VAR not in on and on["HOTFIX_LOG_LEVEL"] == "INFO" and on["PYTHONPATH"] == "/old"
+    off = child_env(False, base=base, keep_hotfix_settings=False, pythonpath=["/a", "/b"], extra={"X": "1"})
+    assert off[DISABLE_VAR] == "1" and "HOTFIX_LOG_LEVEL" not in off and off["X"] == "1"
+    assert off["PYTHONPATH"].split(":") == ["/a", "/b"] or off["PYTHONPATH"].split(";") == ["/a", "/b"]
+    assert "PYTHONPATH" not in child_env(True, base=base, pythonpath=[])
+    assert base[DISABLE_VAR] == "1"  # the parent's mapping is not changed
+
+
+def test_json_lines_keeps_only_json_objects_and_last_line_prefers_stderr():
+    text = 'log line\n{"case": 1}\n{broken\n[1, 2]\n{"case": 2}\n'
+    assert json_lines(text) == [{"case": 1}, {"case": 2}]
+
+    class Proc:
+        returncode = 3
+        stdout = "out\n"
+        stderr = "a\nlast words\n"
+
+    assert last_line(Proc) == "last words"
+    Proc.stderr, Proc.stdout = "", ""
+    assert last_line(Proc) == "no output (exit status 3)"
+
+
+# --------------------------------------------------------------------------- modes
+class _Layer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.gradient_checkpointing = False
+        self._gradient_checkpointing_func = None
+
+
+class _Model(torch.nn.Module):
+    supports_gradient_checkpointing = True
+
+    def __init__(self):
+        super().__init__()
+        self.layer = _Layer()
+        self.kwargs = None
+
+    def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs=None):
+        self.kwargs = gradient_checkpointing_kwargs
+        self.layer.gradient_checkpointing = True
+        self.layer._gradient_checkpointing_func = torch.utils.checkpoint.checkpoint
+
+
+def test_modes_map_to_use_reentrant_and_a_tuple_names_its_own_enable_function():
+    model = _Model()
+    modes.enable(model, "reentrant")
+    assert model.kwargs == {"use_reentrant": True}
+    modes.enable(model, "non-reentrant")
+    assert model.kwargs == {"use_reentrant": False}
+    with pytest.raises(ValueError, match="unknown checkpointing mode"):
+        modes.enable(model, "sideways")
+
+    def new_api(m):
+        m.layer.gradient_checkpointing = True
+        m.layer._gradient_checkpointing_func = torch.utils.checkpoint.checkpoint
+
+    custom = ("activation_checkpointing_enable", new_api)
+    assert modes.mode_name(custom) == "activation_checkpointing_enable" and modes.mode_name("reentrant") == "reentrant"
+    assert modes.unknown_modes(["reentrant", custom, "sideways", ("x", "not callable")]) == ["sideways", ("x", "not callable")]
+    assert "checkpoint" in modes.enable(_Model(), custom)
+    with pytest.raises(NotImplementedError, match="set no checkpoint function"):
+        modes.enable(_Model(), ("noop", lambda m: None))
+
+
+def test_a_model_that_declares_no_checkpointing_is_refused():
+    model = _Model()
+    model.supports_gradient_checkpointing = False
+    with pytest.raises(NotImplementedError, match="supports_gradient_checkpointing is False"):
+        modes.enable(model, "reentrant")
+    with pytest.raises(NotImplementedError, match="no gradient_checkpointing_enable"):
+        modes.enable(torch.nn.Linear(2, 2), "reentrant")
+
+
+# --------------------------------------------------------------------------- results, guard, memory
+def test_mode_result_reads_its_counts_through_the_grad_report():
+    result = ModeResult(mode="reentrant", status="equal")
+    assert result.grads is None and result.total == 0 and not result.missing
+    result.grads = compare_grads({"a": torch.ones(1), "b": torch.ones(1)}, {"a": torch.ones(1)})
+    assert (result.equal, result.missing, result.total) == (1, ["b"], 2)
+
+
+def test_watchdog_trips_on_time_and_is_reset_by_the_next_step():
+    dog = Watchdog(baseline=0, memory_limit=2**40, hard_exit=False, grace=1.0)
+    try:
+        dog.begin("reentrant", time_limit=0.05)
+        deadline = time.monotonic() + 5
+        while dog.reason is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        with pytest.raises(GuardTripped, match="time guard: the reentrant step"):
+            dog.check()
+        dog.begin("next", time_limit=60)
+        dog.check()  # a new step starts clean
+        dog.end()
+    finally:
+        dog.stop()
+
+
+@pytest.mark.parametrize("text, value", [("4GiB", 4 * 2**30), ("512M", 512 * 2**20), ("1.5g", int(1.5 * 2**30)),
+                                         ("1000", 1000), ("2 KiB", 2048), ("3kb", 3072)])
+def test_parse_bytes(text, value):
+    assert parse_bytes(text) == value
+
+
+def test_fmt_bytes():
+    assert (fmt_bytes(None), fmt_bytes(12), fmt_bytes(-2048), fmt_bytes(3 * 2**30)) == ("n/a", "12 B", "-2.0 KiB", "3.0 GiB")

@@ -1,0 +1,126 @@
+"""Dummy inputs for a model the sweep built: what its forward needs, by modality.
+
+:func:`dummy_batch` reads ``main_input_name`` and the forward signature (token ids, pixels, audio
+features or waveforms, both towers of a CLIP-like model, decoder ids, LayoutLM boxes).
+:func:`fit_image_tokens` makes a vision-language batch consistent: such models replace
+``image_token_id`` placeholders in ``input_ids`` by the vision tower's features and refuse a
+batch whose count differs ("Image features and image tokens do not match").
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from typing import Dict
+
+_MISMATCH = re.compile(r"tokens:? (\d+), features:? (\d+)")
+
+
+def _sub(config, *names):
+    for name in names:
+        sub = getattr(config, name, None)
+        if sub is not None:
+            return sub
+    return config
+
+
+def dummy_batch(model, config, seed: int = 0) -> Dict:
+    """A batch for ``model`` from its main_input_name and forward signature."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    params = inspect.signature(model.forward).parameters
+    name = getattr(model, "main_input_name", "input_ids")
+    batch: Dict = {}
+    text = _sub(config, "text_config", "decoder")
+    vocab = getattr(config, "vocab_size", None) or getattr(text, "vocab_size", None) or 100
+    if name == "input_ids":
+        batch["input_ids"] = torch.randint(3, min(vocab, 100), (2, 8), generator=g)
+    elif name == "pixel_values":
+        vision = _sub(config, "vision_config", "backbone_config")
+        size = getattr(vision, "image_size", 32)
+        size = size[0] if isinstance(size, (list, tuple)) else size
+        channels = getattr(vision, "num_channels", 3)
+        batch["pixel_values"] = torch.randn(2, channels, size, size, generator=g)
+    elif name == "input_values":
+        batch["input_values"] = torch.randn(2, 1600, generator=g)
+    elif name == "input_features":
+        if getattr(config, "num_mel_bins", None) and getattr(config, "max_source_positions", None):
+            batch["input_features"] = torch.randn(2, config.num_mel_bins, 2 * config.max_source_positions, generator=g)
+        else:
+            feat = getattr(config, "input_feat_per_channel", None) or getattr(config, "feature_size", None) or 80
+            chans = getattr(config, "input_channels", 1)
+            batch["input_features"] = torch.randn(2, 16, feat * chans, generator=g)
+    else:
+        raise ValueError(f"no dummy input for main_input_name={name!r}")
+    # two-tower / multimodal models (CLIP-like): both inputs
+    if "pixel_values" in params and "pixel_values" not in batch and getattr(config, "vision_config", None) is not None:
+        vision = config.vision_config
+        size = getattr(vision, "image_size", 32)
+        size = size[0] if isinstance(size, (list, tuple)) else size
+        batch["pixel_values"] = torch.randn(2, getattr(vision, "num_channels", 3), size, size, generator=g)
+    if "input_ids" in params and "input_ids" not in batch and getattr(config, "text_config", None) is not None:
+        batch["input_ids"] = torch.randint(3, min(vocab, 100), (2, 8), generator=g)
+    if "decoder_input_ids" in params and getattr(config, "is_encoder_decoder", False):
+        batch["decoder_input_ids"] = torch.randint(3, min(vocab, 100), (2, 6), generator=g)
+    if "bbox" in params:
+        x0 = torch.randint(0, 30, (2, 8, 1), generator=g)
+        y0 = torch.randint(0, 30, (2, 8, 1), generator=g)
+        batch["bbox"] = torch.cat([x0, y0, x0 + 5, y0 + 5], dim=-1)
+    return batch
+
+
+def _image_token_owner(config):
+    for owner in (config, getattr(config, "text_config", None)):
+        for key in ("image_token_id", "image_token_index"):
+            if isinstance(getattr(owner, key, None), int):
+                return key
+    return None
+
+
+def fit_image_tokens(model, config, batch: Dict) -> Dict:
+    """Put as many image placeholder tokens in ``input_ids`` as the vision tower makes features.
+
+    The count is learnt from the model itself, not from per-model formulas: a no-grad forward
+    with one placeholder per sample says how many features the images give (F) and how many
+    placeholders it found (T1 = batch x the unit it counts in); F / T1 or F / (T1 x hidden)
+    placeholders per sample (models count features in tokens or in hidden elements) is tried.  Models without an image token, or
+    whose forward fails otherwise, get the batch back unchanged (the check reports what fails).
+    """
+    import torch
+
+    key = _image_token_owner(config)
+    if key is None or "input_ids" not in batch or "pixel_values" not in batch:
+        return batch
+    text = getattr(config, "text_config", None) or config
+    vocab = getattr(text, "vocab_size", None) or getattr(config, "vocab_size", None)
+    token = vocab - 1 if isinstance(vocab, int) else getattr(config, key)
+    for owner in (config, getattr(config, "text_config", None), getattr(model, "config", None)):
+        if owner is not None and hasattr(owner, key):
+            setattr(owner, key, token)
+    ids = batch["input_ids"]
+
+    def attempt(per_sample):
+        trial = dict(batch, input_ids=torch.cat([torch.full((ids.shape[0], per_sample), token), ids], 1))
+        try:
+            with torch.no_grad():
+                model(**trial)
+            return trial, None
+        except Exception as exc:
+            return None, _MISMATCH.search(str(exc)) if isinstance(exc, ValueError) else None
+
+    ok, found = attempt(0)
+    if ok is not None or found is None:
+        return batch
+    ok, found = attempt(1)  # one placeholder per sample: T1 = batch size x the unit placeholders are counted in
+    if ok is not None or found is None:
+        return ok or batch
+    tokens, features = int(found.group(1)), int(found.group(2))
+    hidden = getattr(text, "hidden_size", None) or 1
+    # features may be counted in tokens or in hidden elements, whatever the placeholders are counted in
+    for divisor in (tokens, tokens * hidden):
+        if divisor and features % divisor == 0:
+            ok, _ = attempt(features // divisor)
+            if ok is not None:
+                return ok
+    return batch

@@ -1,0 +1,202 @@
+"""The sweep's worker: runs inside an interpreter whose transformers is the release under test.
+
+Builds each model type from its config class's defaults shrunk to a tiny size,
+makes a dummy batch, runs ``check_model`` and prints one JSON line per model
+(``{"start": type}`` before, ``{"row": {...}}`` after) for tools/sweep_models.py.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Dict, List, Optional
+
+from sweep_inputs import dummy_batch, fit_image_tokens
+
+SWEEP_MODES = ("reentrant", "non-reentrant")
+
+SMALL = {
+    "hidden_size": 32, "d_model": 32, "n_embd": 32, "embed_dim": 32, "dim": 32, "hidden_dim": 64,
+    "num_hidden_layers": 2, "num_layers": 2, "n_layer": 2, "n_layers": 2, "encoder_layers": 2,
+    "decoder_layers": 2, "num_decoder_layers": 2, "num_encoder_layers": 2,
+    "num_attention_heads": 2, "n_head": 2, "n_heads": 2, "num_heads": 2, "encoder_attention_heads": 2,
+    "decoder_attention_heads": 2, "num_key_value_heads": 2, "num_kv_heads": 2,
+    "intermediate_size": 64, "encoder_ffn_dim": 64, "decoder_ffn_dim": 64, "ffn_dim": 64, "d_ff": 64,
+    "n_inner": 64, "d_kv": 16, "head_dim": 16, "attention_head_size": 16,
+    "vocab_size": 128, "max_position_embeddings": 64, "n_positions": 64,
+    "num_experts": 2, "num_local_experts": 2, "n_routed_experts": 2, "num_experts_per_tok": 1,
+    "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32, "kv_lora_rank": 16,
+    "q_lora_rank": 16, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 16,
+    "image_size": 32, "patch_size": 8, "num_mel_bins": 8, "max_source_positions": 16,
+    "max_target_positions": 32, "projection_dim": 32, "projection_size": 32, "encoder_hidden_size": 32,
+}
+_LIST_LAYER_ATTRS = ("depths", "hidden_sizes", "num_heads", "embed_dims")
+
+
+def shrink_config(config, depth: int = 0):
+    """Set the usual size fields of a config (and its sub-configs) small; dropout off."""
+    from transformers import PretrainedConfig
+
+    for key, value in list(vars(config).items()):
+        if isinstance(value, PretrainedConfig) and depth < 3:
+            shrink_config(value, depth + 1)
+        elif key in SMALL and isinstance(value, int) and not isinstance(value, bool):
+            setattr(config, key, min(value, SMALL[key]) if key != "hidden_dim" else min(value, SMALL[key]))
+        elif isinstance(value, float) and ("dropout" in key or key in ("layerdrop", "mask_time_prob",
+                                                                      "mask_feature_prob", "drop_path_rate")):
+            setattr(config, key, 0.0)
+    if getattr(config, "num_key_value_heads", None) and getattr(config, "num_attention_heads", None):
+        config.num_key_value_heads = min(config.num_key_value_heads, config.num_attention_heads)
+    vocab = getattr(config, "vocab_size", None)
+    if isinstance(vocab, int):
+        for key in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id", "sep_token_id",
+                    "cls_token_id", "mask_token_id", "unk_token_id"):
+            tid = getattr(config, key, None)
+            if isinstance(tid, int) and tid >= vocab:
+                setattr(config, key, 1)
+    if hasattr(config, "use_cache"):
+        config.use_cache = False
+    return config
+
+
+def _model_types(only: Optional[List[str]]):
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+    from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
+
+    for model_type, class_name in MODEL_MAPPING_NAMES.items():
+        if only and model_type not in only:
+            continue
+        if isinstance(class_name, (list, tuple)):
+            class_name = class_name[0]
+        yield model_type, class_name, CONFIG_MAPPING_NAMES.get(model_type)
+
+
+def _short(exc: BaseException) -> str:
+    from hotfix.diagnostics.compare import short_error
+
+    return short_error(exc, limit=160)
+
+
+def build(class_name: str, config_name: str):
+    """(model, config, batch) of a model type, from its config class's defaults shrunk small."""
+    import warnings
+
+    import torch
+    import transformers
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cls = getattr(transformers, class_name)
+        config = shrink_config(getattr(transformers, config_name)())
+        torch.manual_seed(0)
+        model = cls(config).train()
+        return model, config, fit_image_tokens(model, config, dummy_batch(model, config))
+
+
+def check_one(model_type: str, class_name: str, config_name: Optional[str], memory_limit: int, time_limit: float,
+              recipes=("full",)) -> List[Dict]:
+    """One row per recipe: pass / FAIL / n/a / could-not-build / could-not-run / no-checkpointing."""
+    import warnings
+
+    import transformers
+
+    from hotfix.diagnostics.checker import check_model
+    from sweep_recipes import NotApplicable, apply
+
+    def row(recipe, **fields):
+        return dict({"model_type": model_type, "class": class_name, "recipe": recipe}, **fields)
+
+    try:
+        declares = getattr(getattr(transformers, class_name), "supports_gradient_checkpointing", False)
+    except BaseException as exc:  # some modules raise ImportError/SystemExit for missing extras
+        return [row(r, result="could-not-build", detail=_short(exc)) for r in recipes]
+    if not declares:
+        return [row(r, result="no-checkpointing", detail="supports_gradient_checkpointing is False") for r in recipes]
+    rows = []
+    for recipe in recipes:
+        try:
+            model, config, batch = build(class_name, config_name)
+        except BaseException as exc:
+            rows.append(row(recipe, result="could-not-build", detail=_short(exc)))
+            continue
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                model = apply(model, recipe)
+        except NotApplicable as exc:
+            rows.append(row(recipe, result="n/a", detail=str(exc)))
+            continue
+        except BaseException as exc:
+            rows.append(row(recipe, result="could-not-build", detail="recipe: " + _short(exc)))
+            continue
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            report = check_model(model, batch, modes=SWEEP_MODES, memory_limit=memory_limit, time_limit=time_limit,
+                                 hard_exit=True, grace=30)
+        out = row(recipe, parameters=len(report.parameters))
+        if report.reference.status != "reference":
+            out.update(result="could-not-run", detail=report.reference.error)
+        elif not report.supported:
+            out.update(result="no-checkpointing", detail=report.modes[0].error if report.modes else "")
+        else:
+            out["modes"] = {m.mode: {"status": m.status, "summary": m.summary(), "missing": len(m.missing),
+                                     "wrong": len(m.wrong), "total": m.total, "saved_bytes": m.saved_bytes}
+                            for m in report.modes}
+            out["result"] = "pass" if report.safe else "FAIL"
+        rows.append(out)
+        del model, batch
+    return rows
+
+
+def census_main() -> int:
+    """Which model types of this release declare supports_gradient_checkpointing (classes imported, none built)."""
+    import warnings
+
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    found: Dict[str, List[str]] = {"checkpointable": [], "not": [], "unknown": []}
+    for model_type, class_name, _ in _model_types(None):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                declares = getattr(getattr(transformers, class_name), "supports_gradient_checkpointing", False)
+        except BaseException:  # missing extras (timm, PIL): counted as checkpointable below, never as checked
+            found["unknown"].append(model_type)
+            continue
+        found["checkpointable" if declares else "not"].append(model_type)
+    found["checkpointable"] += found["unknown"]  # the honest denominator: what could not be imported counts
+    print(json.dumps({"census": found}), flush=True)
+    return 0
+
+
+def worker_main(args) -> int:
+    import torch
+
+    torch.set_num_threads(1)
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    from hotfix.registry import registry
+
+    only = args.models.split(",") if args.models else None
+    skip = set(args.skip.split(",")) if args.skip else set()
+    recipes = args.recipes.split(",")
+    meta = {"transformers": transformers.__version__, "torch": torch.__version__, "hotfix": registry.active}
+    for model_type, class_name, config_name in _model_types(only):
+        if model_type in skip:
+            continue
+        print(json.dumps({"start": model_type}), flush=True)
+        base = {"model_type": model_type, "class": class_name}
+        if config_name is None:
+            rows = [dict(base, recipe=r, result="could-not-build", detail="no config") for r in recipes]
+        else:
+            try:
+                rows = check_one(model_type, class_name, config_name, args.memory_limit, args.time_limit, recipes)
+            except BaseException as exc:
+                rows = [dict(base, recipe=r, result="could-not-run", detail=_short(exc)) for r in recipes]
+        for row in rows:
+            row.update(meta)
+            print(json.dumps({"row": row}), flush=True)
+        print(json.dumps({"finished": model_type}), flush=True)
+    print(json.dumps({"done": True}), flush=True)
+    return 0
