@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Sweep transformers' own models through ``hotfix.checker``, with and without hotfix.
 
-    python tools/sweep_models.py                      # full sweep: 4.56.2 and 5.23.0, every model type
+    python tools/sweep_models.py --jobs 2             # full sweep: 4.56.2, 4.57.6, 5.23.0, every model type
     python tools/sweep_models.py --fast               # the CI subset (tests/test_sweep_fast.py)
     python tools/sweep_models.py --versions 4.56.2 --models bert,whisper
     python tools/sweep_models.py --render-only        # rebuild docs/sweep.md from the results file
@@ -44,12 +44,12 @@ from typing import List, Optional
 
 # tools/ is this script's folder, first on sys.path when it runs
 from sweep_recipes import RECIPES
-from sweep_report import _cell, census, load_results, recipe_of, render
+from sweep_report import _cell, census, compact_table, load_results, recipe_of, render
 from sweep_worker import census_main, worker_main
 
 REPO = Path(__file__).resolve().parent.parent
 MATRIX = REPO / ".matrix"
-DEFAULT_VERSIONS = ["4.56.2", "5.23.0"]
+DEFAULT_VERSIONS = ["4.56.2", "4.57.6", "5.23.0"]
 FAST_VERSIONS = ["4.56.2"]
 # The CI subset: two models hotfix fixes, two that were never broken.
 FAST_MODELS = ["bert", "layoutlm", "deberta-v2", "whisper"]
@@ -149,6 +149,8 @@ def main(argv=None) -> int:
     p.add_argument("--doc", default=None, help="markdown table to write (default: docs/sweep.md)")
     p.add_argument("--fresh", action="store_true", help="ignore earlier results instead of resuming")
     p.add_argument("--render-only", action="store_true")
+    p.add_argument("--readme-table", default="", metavar="TYPES",
+                   help="print the README's compact table for these model types (comma list) and stop")
     p.add_argument("--hotfix", choices=("off", "on", "both"), default="both",
                    help="run only the unpatched (HOTFIX_DISABLE=1) or patched half (to run them in parallel)")
     p.add_argument("--memory-limit", type=int, default=2**30, help="bytes of RSS growth per step (default 1 GiB)")
@@ -173,6 +175,9 @@ def main(argv=None) -> int:
     import torch
 
     recipes = args.recipes.split(",")
+    if args.readme_table:
+        print(compact_table(results, args.readme_table.split(","), versions, recipes))
+        return 0
     unknown = sorted(set(recipes) - set(RECIPES))
     if unknown:
         p.error(f"unknown recipe(s) {unknown}; known: {list(RECIPES)}")
