@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional
 
@@ -93,3 +94,78 @@ def pytest_report_header(config):
     except Exception as exc:  # pragma: no cover
         where = f"not importable: {exc!r}"
     return [f"hotfix under test: {where}"]
+
+
+CRASH = "Trying to backward through the graph a second time"  # the seed reports' error
+
+# Prepended to child scripts that train.  It must not import hotfix: several
+# children prove that hotfix is (or is not) loaded by transformers' import alone.
+# The model and the gradient comparison come from hotfix/diagnostics/, loaded by
+# path through tools/ (tiny_models, standalone), which import no hotfix.
+PRELUDE = textwrap.dedent(
+    '''
+    import json, os, sys
+
+    def boot_armed():
+        """Is the .pth finder waiting for transformers in sys.meta_path?"""
+        return any(type(f).__name__ == "ActivateOnFirstImport" for f in sys.meta_path)
+
+    def tiny_whisper(seed=0):
+        import tiny_models  # tools/ is on the child's PYTHONPATH
+
+        return tiny_models.whisper(seed)
+
+    def compare():
+        import standalone
+
+        return standalone.load("compare")  # hotfix's one comparison rule, without importing hotfix
+
+    def grads(model):
+        return compare().collect_grads(model)
+
+    def reference_grads(model, batch):
+        """Gradients of one step without checkpointing (call before enabling it)."""
+        model.zero_grad(set_to_none=True)
+        model(**batch).loss.backward()
+        return grads(model)
+
+    def step(model, batch, reference=None):
+        """One training step: {"ok": True[, "grads_match": ...]} or {"ok": False, "error": ...}."""
+        model.zero_grad(set_to_none=True)
+        try:
+            model(**batch).loss.backward()
+        except Exception as exc:
+            return {"ok": False, "error": compare().short_error(exc)}
+        result = {"ok": True}
+        if reference is not None:
+            result["grads_match"] = compare().compare_grads(reference, grads(model)).ok
+        return result
+
+    def layer_checkpoint_function(model):
+        """What transformers stored on a layer (instance __dict__, not the descriptor)."""
+        return model.model.decoder.layers[0].__dict__.get("_gradient_checkpointing_func")
+
+    def report(**values):
+        print(json.dumps(values), flush=True)
+    '''
+)
+
+
+def run_child(body: str, **kwargs):
+    """Run PRELUDE + body in a fresh interpreter; return (process, first JSON line)."""
+    proc = run_python(["-c", PRELUDE + textwrap.dedent(body)], timeout=300, **kwargs)
+    assert proc.returncode == 0, f"child failed (rc {proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+    lines = json_lines(proc.stdout)
+    assert lines, f"child printed no JSON:\n{proc.stdout}\n{proc.stderr}"
+    return proc, lines[0]
+
+
+def plugin_dir(tmp_path: Path, name: str, modules: dict, entry_points: str) -> Path:
+    """A third-party distribution on disk: modules + a dist-info with hotfix.patches entry points."""
+    for relative, text in modules.items():
+        (tmp_path / relative).write_text(textwrap.dedent(text))
+    info = tmp_path / f"{name}-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[hotfix.patches]\n" + textwrap.dedent(entry_points))
+    return tmp_path

@@ -21,9 +21,8 @@ import json
 import socket
 import textwrap
 
-from conftest import run_python
+from conftest import CRASH, run_python
 
-CRASH = "Trying to backward through the graph a second time"
 
 SCRIPT = textwrap.dedent(
     '''

@@ -31,9 +31,8 @@ import textwrap
 
 import pytest
 
-from conftest import matrix_path, run_python
+from conftest import CRASH, matrix_path, run_python
 
-CRASH = "Trying to backward through the graph a second time"
 FIND_UNUSED_LIMIT = "Expected to mark a variable ready only once"
 LAUNCH_TIMEOUT_S = 240
 

@@ -22,12 +22,11 @@ import textwrap
 
 import pytest
 
-from conftest import TOOLS, json_lines, run_python
+from conftest import CRASH, TOOLS, json_lines, run_python
 
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
-CRASH = "Trying to backward through the graph a second time"
 
 TRAIN = textwrap.dedent(
     '''

@@ -27,13 +27,12 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, matrix_versions
+from conftest import CRASH, REPO, matrix_versions
 
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 STEPS = REPO / "scripts" / "gpu" / "whisper_steps.py"
-CRASH = "Trying to backward through the graph a second time"
 
 
 def _zoo_dir(version):
