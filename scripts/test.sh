@@ -33,6 +33,7 @@ grep -v '^#' tests/matrix.txt | while read -r name version; do
     case "$name" in
         transformers) pipq --target "$dir" "transformers==$version" ;;
         unsloth-zoo)  pipq --no-deps --target "$dir" "unsloth_zoo==$version" ;;
+        pillow|scipy) pipq --no-deps --target "$dir" "$name==$version" ;;
         *) echo "unknown matrix entry: $name" >&2; exit 1 ;;
     esac
     touch "$dir/.complete"

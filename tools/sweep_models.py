@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Sweep transformers' own models through ``hotfix.checker``, with and without hotfix.
 
-    python tools/sweep_models.py --jobs 2             # full sweep: 4.56.2, 4.57.6, 5.23.0, every model type
+    python tools/sweep_models.py --jobs 2             # full sweep: 4.56.2, 4.57.6, 5.23.0, every model type,
+                                                      # torch's and unsloth's checkpoint functions
     python tools/sweep_models.py --fast               # the CI subset (tests/test_sweep_fast.py)
     python tools/sweep_models.py --versions 4.56.2 --models bert,whisper
     python tools/sweep_models.py --render-only        # rebuild docs/sweep.md from the results file
@@ -18,8 +19,12 @@ the forward signature (``sweep_worker.dummy_batch``), prepares it for each recip
 base frozen with and without ``enable_input_require_grads()``, a frozen
 vision/audio tower) and runs ``hotfix.diagnostics.checker.check_model`` with the
 reentrant and non-reentrant modes (the model's own loss, else a fixed random
-projection of the first float output).  Models that cannot be built or run are
-listed as such.  Each worker is bounded per model (``--model-timeout``) and by
+projection of every float output: ``sweep_inputs.sweep_loss``), through each
+checkpoint function (``--functions``: torch's, and unsloth-zoo's
+UnslothCheckpointFunction loaded on CPU, reentrant only).  Families the generic
+small config does not fit get their sizes and inputs from ``sweep_families/``;
+``sweep_probe.py`` measures the builder's reach in minutes.  Models that cannot be
+built or run are listed as such.  Each worker is bounded per model (``--model-timeout``) and by
 the checker's memory and time guards; a model that kills or hangs its worker is
 recorded and the worker restarted after it.  ``--jobs N`` runs N (release,
 hotfix on/off) workers at once.
@@ -44,8 +49,8 @@ from typing import List, Optional
 
 # tools/ is this script's folder, first on sys.path when it runs
 from sweep_recipes import RECIPES
-from sweep_report import _cell, census, compact_table, load_results, recipe_of, render
-from sweep_worker import census_main, worker_main
+from sweep_report import DONE, _cell, census, compact_table, function_of, load_results, recipe_of, render
+from sweep_worker import FUNCTION_MODES, census_main, worker_main
 
 REPO = Path(__file__).resolve().parent.parent
 MATRIX = REPO / ".matrix"
@@ -53,6 +58,19 @@ DEFAULT_VERSIONS = ["4.56.2", "4.57.6", "5.23.0"]
 FAST_VERSIONS = ["4.56.2"]
 # The CI subset: two models hotfix fixes, two that were never broken.
 FAST_MODELS = ["bert", "layoutlm", "deberta-v2", "whisper"]
+#: the unsloth-zoo release whose UnslothCheckpointFunction the ``unsloth`` function runs (latest in tests/matrix.txt)
+UNSLOTH_ZOO = "2026.10.9"
+
+
+def release_pythonpath(version: str, function: str = "torch") -> List[Path]:
+    """PYTHONPATH of a sweep child: the transformers release, the sweep-only extras (pillow, scipy), and for
+    the ``unsloth`` function the unsloth-zoo release."""
+    paths = [MATRIX / f"transformers-{version}"] + ([MATRIX / f"unsloth-zoo-{UNSLOTH_ZOO}"] if function == "unsloth" else [])
+    for path in paths:
+        if not (path / ".complete").exists():
+            raise SystemExit(f"{path} is not installed; run scripts/test.sh first")
+    extras = sorted(p for pattern in ("pillow-*", "scipy-*") for p in MATRIX.glob(pattern) if (p / ".complete").exists())
+    return [*paths, *extras]
 
 
 def _reader(stream, q):
@@ -61,21 +79,19 @@ def _reader(stream, q):
     q.put(None)
 
 
-def run_worker(version: str, hotfix_on: bool, models: Optional[List[str]], done: set, args, sink) -> None:
-    """Run workers for one (version, hotfix) until every model type is recorded."""
-    path = MATRIX / f"transformers-{version}"
-    if not (path / ".complete").exists():
-        raise SystemExit(f"{path} is not installed; run scripts/test.sh first")
+def run_worker(version: str, hotfix_on: bool, function: str, models: Optional[List[str]], done: set, args,
+               sink) -> None:
+    """Run workers for one (version, hotfix, checkpoint function) until every model type is recorded."""
     from hotfix.diagnostics.children import child_env
 
-    env = child_env(hotfix_on, keep_hotfix_settings=False, pythonpath=[path],
+    env = child_env(hotfix_on, keep_hotfix_settings=False, pythonpath=release_pythonpath(version, function),
                     extra={"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"})
     scratch = Path(tempfile.mkdtemp(prefix="hotfix-sweep-"))  # never write into tests/
     scratch.mkdir(parents=True, exist_ok=True)
     skip = set(done)
     while True:
         cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--memory-limit", str(args.memory_limit),
-               "--time-limit", str(args.time_limit), "--recipes", args.recipes]
+               "--time-limit", str(args.time_limit), "--recipes", args.recipes, "--function", function]
         if models:
             cmd += ["--models", ",".join(models)]
         if skip:
@@ -100,7 +116,8 @@ def run_worker(version: str, hotfix_on: bool, models: Optional[List[str]], done:
                            else f"worker died (exit {proc.returncode})")
                     for recipe in [r for r in args.recipes.split(",") if r not in recorded]:
                         sink({"model_type": current, "recipe": recipe, "result": "timeout" if line == "TIMEOUT"
-                              else "died", "detail": why, "transformers": version, "hotfix": hotfix_on})
+                              else "died", "detail": why, "transformers": version, "hotfix": hotfix_on,
+                              "function": function})
                     skip.add(current)
                 break
             if not line.startswith("{"):
@@ -117,7 +134,8 @@ def run_worker(version: str, hotfix_on: bool, models: Optional[List[str]], done:
                 current = None
             elif msg.get("done"):
                 finished = True
-                sink({"model_type": "__done__", "result": "marker", "transformers": version, "hotfix": hotfix_on})
+                sink({"model_type": "__done__", "result": "marker", "transformers": version, "hotfix": hotfix_on,
+                      "function": function})
         if finished or current is None and proc.returncode == 0:
             return
         if current is None:  # died between models
@@ -128,7 +146,7 @@ def take_census(version: str) -> dict:
     """Every model type of the release: does its base class declare supports_gradient_checkpointing?"""
     from hotfix.diagnostics.children import child_env, json_lines, run_python
 
-    env = child_env(False, keep_hotfix_settings=False, pythonpath=[MATRIX / f"transformers-{version}"],
+    env = child_env(False, keep_hotfix_settings=False, pythonpath=release_pythonpath(version),
                     extra={"OMP_NUM_THREADS": "1"})
     proc = run_python([str(Path(__file__).resolve()), "--census"], env=env, cwd=tempfile.gettempdir(), timeout=1800)
     found = [line["census"] for line in json_lines(proc.stdout) if "census" in line]
@@ -158,6 +176,9 @@ def main(argv=None) -> int:
     p.add_argument("--model-timeout", type=float, default=600.0,
                    help="seconds per model (all its recipes) before the worker is killed")
     p.add_argument("--recipes", default=",".join(RECIPES), help="comma list (default: %(default)s)")
+    p.add_argument("--functions", default=None,
+                   help="checkpoint functions, comma list of %s (default: all; --fast: torch)" % ",".join(FUNCTION_MODES))
+    p.add_argument("--function", default="torch", choices=tuple(FUNCTION_MODES), help=argparse.SUPPRESS)
     p.add_argument("--jobs", type=int, default=1, help="(release, hotfix on/off) workers run at once (default 1)")
     args = p.parse_args(argv)
     if args.census:
@@ -181,6 +202,9 @@ def main(argv=None) -> int:
     unknown = sorted(set(recipes) - set(RECIPES))
     if unknown:
         p.error(f"unknown recipe(s) {unknown}; known: {list(RECIPES)}")
+    functions = args.functions.split(",") if args.functions else (["torch"] if args.fast else list(FUNCTION_MODES))
+    if set(functions) - set(FUNCTION_MODES):
+        p.error(f"unknown function(s) {sorted(set(functions) - set(FUNCTION_MODES))}; known: {list(FUNCTION_MODES)}")
     if not args.render_only:
         lock = threading.Lock()
 
@@ -191,29 +215,34 @@ def main(argv=None) -> int:
                 with results_path.open("a") as f:
                     f.write(json.dumps(row) + "\n")
 
-        def run_half(version, hotfix_on):
+        def run_half(version, hotfix_on, function):
             have: dict = {}
             for r in results:
-                if r["transformers"] == version and bool(r.get("hotfix")) == hotfix_on:
+                # resume: a cell counts as done once checked (or not applicable); what could not be built,
+                # run, or finish is tried again (the builder may have learnt it since)
+                if r["transformers"] == version and bool(r.get("hotfix")) == hotfix_on and function_of(r) == function \
+                        and r.get("result") in DONE + ("no-checkpointing",):
                     have.setdefault(r["model_type"], set()).add(recipe_of(r))
             done = {t for t, got in have.items() if set(recipes) <= got}
 
             def sink(row):
                 row["hotfix"] = bool(row.get("hotfix", hotfix_on))
+                row["function"] = function
                 with lock:
                     results.append(row)
                     with results_path.open("a") as f:
                         f.write(json.dumps(row) + "\n")
-                    print(f"[{row['transformers']} hotfix {'on ' if hotfix_on else 'off'}] {row['model_type']:<28} "
+                    print(f"[{row['transformers']} {function:<7} hotfix {'on ' if hotfix_on else 'off'}] {row['model_type']:<28} "
                           f"{recipe_of(row):<17} {_cell(row)[:100]}", flush=True)
 
-            run_worker(version, hotfix_on, models, done, args, sink)
+            run_worker(version, hotfix_on, function, models, done, args, sink)
 
-        halves = [(v, on) for v in versions for on in {"off": (False,), "on": (True,), "both": (False, True)}[args.hotfix]]
+        halves = [(v, on, f) for f in functions for v in versions
+                  for on in {"off": (False,), "on": (True,), "both": (False, True)}[args.hotfix]]
         with ThreadPoolExecutor(max(1, args.jobs)) as pool:
-            for future in [pool.submit(run_half, v, on) for v, on in halves]:
+            for future in [pool.submit(run_half, v, on, f) for v, on, f in halves]:
                 future.result()
-    summary = render(results, doc, versions, torch.__version__, recipes)
+    summary = render(results, doc, versions, torch.__version__, recipes, functions)
     print(json.dumps(summary, indent=1))
     print(f"table: {doc}")
     return 0

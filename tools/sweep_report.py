@@ -14,8 +14,9 @@ from typing import Dict, List, Optional
 # Shown only where the model still fails with hotfix.
 OUT_OF_SCOPE: Dict[str, str] = {
     "florence2": "rounding, not gradient loss: the DaViT vision tower's gradients differ by 1.3e-6 (full) to 3.0e-6 "
-    "(LoRA) relative in fp32 under reentrant recomputation, with and without hotfix; in float64 all 72 LoRA "
-    "gradients agree to 3.6e-15 (4.56.2) and 4.2e-15 (5.23.0), 2026-11-23; no gradient is missing",
+    "(LoRA) relative in fp32 under reentrant recomputation, with and without hotfix, through torch's and "
+    "unsloth's checkpoint function alike (at most 2.1e-6 through unsloth's); in float64 (torch's function) all 72 "
+    "LoRA gradients agree to 3.6e-15 (4.56.2) and 4.2e-15 (5.23.0), 2026-11-23; no gradient is missing",
     "t5": "rounding, not gradient loss (5.23.0, LoRA): 4-5 of 24 adapter gradients differ by 1.4e-6 to 1.5e-6 relative "
     "in fp32 with reentrant AND non-reentrant checkpointing, with and without hotfix; in float64 all 24 agree to "
     "2.5e-15 (2026-11-23); no gradient is missing",
@@ -72,6 +73,14 @@ def recipe_of(row: Dict) -> str:
     return row.get("recipe", "full")  # rows written before recipes existed are full fine-tuning
 
 
+def function_of(row: Dict) -> str:
+    return row.get("function", "torch")  # rows written before functions existed ran torch's
+
+
+def _column(recipe: str, function: str) -> str:
+    return recipe if function == "torch" else f"{recipe} ({function})"
+
+
 def _short_cell(before: Optional[Dict], after: Optional[Dict]) -> str:
     """'pass', 'FAIL → pass', 'FAIL → **FAIL**', 'n/a', or what kept the pair from being checked."""
     if before is None or after is None:
@@ -95,7 +104,7 @@ def _note(model_type: str, pairs: Dict[str, tuple]) -> str:
             notes.append(f"{label}; fixed by hotfix")
         elif model_type in OUT_OF_SCOPE:
             notes.append(f"{label}; out of scope: {OUT_OF_SCOPE[model_type]}")
-        elif before.get("modes", {}).get("non-reentrant", {}).get("status") != "equal":
+        elif before.get("modes", {}).get("non-reentrant", {}).get("status", "equal") != "equal":
             notes.append(f"{label}; fails without reentrant checkpointing too: not a checkpoint-input problem")
         else:
             notes.append(f"{label}; NOT FIXED")
@@ -107,63 +116,76 @@ def census(results: List[Dict], version: str) -> Optional[Dict]:
     return rows[-1] if rows else None
 
 
-def coverage(results: List[Dict], version: str, recipes=None) -> Dict:
+def coverage(results: List[Dict], version: str, recipes=None, functions=("torch",)) -> Dict:
     """checked = built, run and compared, without and with hotfix, in every recipe (n/a where it does not
-    apply); checkpointable = declares supports_gradient_checkpointing (the census of every model type)."""
+    apply) through every checkpoint function; checkpointable = declares supports_gradient_checkpointing
+    (the census of every model type)."""
     recipes = list(recipes or RECIPE_ORDER)
-    index = {(r["model_type"], recipe_of(r), bool(r.get("hotfix"))): r
+    index = {(r["model_type"], recipe_of(r), bool(r.get("hotfix")), function_of(r)): r
              for r in results if r["transformers"] == version and not r["model_type"].startswith("__")}
     found = census(results, version)
-    types = set(found["checkpointable"]) if found else {t for t, _, _ in index}
+    types = set(found["checkpointable"]) if found else {k[0] for k in index}
     checked = sorted(t for t in types
-                     if all(index.get((t, rec, on), {}).get("result") in DONE for rec in recipes for on in (False, True))
-                     and index.get((t, "full", False), {}).get("result") in CHECKED)
+                     if all(index.get((t, rec, on, f), {}).get("result") in DONE
+                            for rec in recipes for on in (False, True) for f in functions)
+                     and index.get((t, "full", False, "torch"), {}).get("result") in CHECKED)
     return {"checked": checked, "checkpointable": sorted(types), "census": found is not None}
 
 
-def render(results: List[Dict], doc: Path, versions: List[str], torch_version: str, recipes=None) -> Dict:
+def render(results: List[Dict], doc: Path, versions: List[str], torch_version: str, recipes=None,
+           functions=("torch",)) -> Dict:
     recipes = list(recipes or RECIPE_ORDER)
     complete: Dict[str, set] = {}
     index: Dict = {}
     for row in results:
         if row["model_type"] == "__done__":
-            complete.setdefault(row["transformers"], set()).add(bool(row.get("hotfix")))
-        elif not row["model_type"].startswith("__"):
-            index[(row["transformers"], row["model_type"], recipe_of(row), bool(row.get("hotfix")))] = row
+            complete.setdefault(row["transformers"], set()).add((bool(row.get("hotfix")), function_of(row)))
+        elif not row["model_type"].startswith("__") and function_of(row) in functions:
+            index[(row["transformers"], row["model_type"], recipe_of(row), bool(row.get("hotfix")),
+                   function_of(row))] = row
+    columns = [(r, f) for f in functions for r in recipes]
     today = _dt.date.today().isoformat()
     lines = HEADER + [""]
     summary = {}
     for version in versions:
-        cov = coverage(results, version, RECIPE_ORDER)
+        # the checkpoint functions the sweep ran on this line: each of them counts for coverage
+        ran = [f for f in functions if any(k[0] == version and k[4] == f for k in index)] or ["torch"]
+        cov = coverage(results, version, RECIPE_ORDER, ran)
         types = sorted({k[1] for k in index if k[0] == version})
-        state = "complete" if complete.get(version) == {False, True} else "INCOMPLETE (the sweep did not finish; rows below are what ran)"
+        cols = [c for c in columns if c[1] in ran]
+        state = ("complete" if complete.get(version, set()) >= {(on, f) for on in (False, True) for f in ran}
+                 else "INCOMPLETE (the sweep did not finish; rows below are what ran)")
         if cov["census"] and len(types) < len(cov["checkpointable"]):
             state += f" for the {len(types)} model types below (a subset: `--models`)"
         lines += [f"## transformers {version} — run {today}, torch {torch_version}, CPU — {state}", "",
-                  f"coverage {version}: {len(cov['checked'])}/{len(cov['checkpointable'])} model types", ""]
+                  f"coverage {version}: {len(cov['checked'])}/{len(cov['checkpointable'])} model types", "",
+                  f"(checkpoint functions run on this line, each required for a type to count as checked: "
+                  f"{', '.join(ran)})", ""]
         if not cov["census"]:
             lines += ["(no census of this release's model types: the denominator counts only the types that ran)", ""]
         summary[version] = {"coverage": f"{len(cov['checked'])}/{len(cov['checkpointable'])}"}
-        for recipe in recipes:
-            pairs = [(t, index.get((version, t, recipe, False)), index.get((version, t, recipe, True))) for t in types]
+        for recipe, function in cols:
+            pairs = [(t, index.get((version, t, recipe, False, function)), index.get((version, t, recipe, True, function)))
+                     for t in types]
             checked = [p for p in pairs if p[1] and p[1].get("result") in CHECKED]
             failing = [p for p in checked if p[1]["result"] == "FAIL"]
             fixed = [p for p in failing if p[2] and p[2].get("result") == "pass"]
             regressed = [p[0] for p in checked if p[1]["result"] == "pass" and p[2] and p[2].get("result") == "FAIL"]
             na = [p for p in pairs if p[1] and p[1].get("result") == "n/a"]
             still = [p[0] for p in failing if p not in fixed]
-            summary[version][recipe] = {"checked": len(checked), "fail_unpatched": len(failing),
+            summary[version][_column(recipe, function)] = {"checked": len(checked), "fail_unpatched": len(failing),
                                         "pass_patched": len(fixed), "still_failing": still, "regressed": regressed}
-            lines.append(f"- **{recipe}**: {len(checked)} checked, {len(na)} n/a; {len(failing)} fail unpatched, "
+            lines.append(f"- **{_column(recipe, function)}**: {len(checked)} checked, {len(na)} n/a; {len(failing)} fail unpatched, "
                          f"{len(fixed)} of them pass with hotfix"
                          + (f"; still failing: {', '.join(still)}" if still else "")
                          + (f"; **pass unpatched but fail with hotfix: {', '.join(regressed)}**" if regressed else ""))
-        lines += ["", "| model type | class | " + " | ".join(recipes) + " | note |",
-                  "|---|---|" + "---|" * len(recipes) + "---|"]
+        lines += ["", "| model type | class | " + " | ".join(_column(*c) for c in cols) + " | note |",
+                  "|---|---|" + "---|" * len(cols) + "---|"]
         for t in types:
-            pairs = {r: (index.get((version, t, r, False)), index.get((version, t, r, True))) for r in recipes}
+            pairs = {_column(r, f): (index.get((version, t, r, False, f)), index.get((version, t, r, True, f)))
+                     for r, f in cols}
             cls = next((row.get("class", "") for pair in pairs.values() for row in pair if row), "")
-            cells = " | ".join(_short_cell(*pairs[r]) for r in recipes)
+            cells = " | ".join(_short_cell(*pairs[_column(*c)]) for c in cols)
             lines.append(f"| {t} | {cls} | {cells} | {_note(t, pairs)} |")
         lines.append("")
     doc.parent.mkdir(parents=True, exist_ok=True)
@@ -179,20 +201,32 @@ HEADER = [
     "Generated by `python tools/sweep_models.py` (see its docstring; `--fast` is the CI subset,",
     "`tests/test_sweep_fast.py`). Each model type's base class (`AutoModel` mapping) that",
     "`supports_gradient_checkpointing`, built on CPU from its config class's defaults shrunk to",
-    "2 layers / width 32, dropout off; a dummy batch from `main_input_name`; one step without",
+    "2 layers / width 32, dropout off; a dummy batch from `main_input_name`; the model's own loss,",
+    "else a fixed random projection of every float output; one step without",
     "checkpointing against one with reentrant and one with non-reentrant checkpointing",
     "(`hotfix.diagnostics.checker.check_model`, float32 tolerance 1e-6 with the 1e-3 whole-gradient",
     "floor), for each recipe (`tools/sweep_recipes.py`): **full** fine-tuning; **lora** = PEFT LoRA",
     "(r=4) on the attention projections, base frozen, no `enable_input_require_grads()`;",
     "**lora-input-grads** = the same after `enable_input_require_grads()`; **frozen-tower** = the",
-    "vision/audio tower frozen, the rest trains. Cells read `unpatched → with hotfix`",
+    "vision/audio tower frozen, the rest trains. Each recipe runs through every checkpoint function:",
+    "**torch** (`torch.utils.checkpoint`, reentrant and non-reentrant) and **unsloth** (unsloth-zoo",
+    "2026.10.9's `UnslothCheckpointFunction` swapped in for torch's by its own",
+    "`patch_unsloth_smart_gradient_checkpointing`, loaded on CPU by `tools/zoo_loader.py`; reentrant",
+    "only, as unsloth-zoo forces on transformers 5.x); columns marked `(unsloth)`. Model types the",
+    "generic small config does not fit get their sizes and inputs from `tools/sweep_families/`",
+    "(facts learnt from transformers' own model tests). Rows `<type>+<variant>` switch on an optional",
+    "path that passes tensors between layers (`tools/sweep_families/config_variants.py`:",
+    "`deberta-v2+layer_norm`, `gemma4+kv_shared`); they are extra rows, outside the coverage count.",
+    "Cells read `unpatched → with hotfix`",
     "(unpatched = `HOTFIX_DISABLE=1`); `n/a` = the recipe does not apply (no tower, no projection PEFT",
     "can wrap); `could-not-build` / `could-not-run` = the generic small config or dummy batch does",
     "not fit that model (not a checkpointing result).",
     "",
     "`coverage <release>: <checked>/<checkpointable> model types`: checkpointable = the model types",
     "whose base class declares `supports_gradient_checkpointing` (a census of every type of the",
-    "release); checked = built, run and compared without and with hotfix in every recipe that applies.",
+    "release); checked = built, run and compared without and with hotfix in every recipe that applies,",
+    "through every checkpoint function the sweep ran. `tools/sweep_probe.py` measures in minutes how",
+    "many types the builder reaches (build + one step, no comparison).",
     "",
     "```",
     ".venv-test/bin/python tools/sweep_models.py --jobs 2                  # 4.56.2, 4.57.6 and 5.23.0, every type, hours",
@@ -217,7 +251,7 @@ def compact_table(results: List[Dict], families: List[str], versions: List[str],
     """The README's table: model family x transformers line x recipe -> upstream / with hotfix."""
     recipes = list(recipes or RECIPE_ORDER)
     index = {(r["transformers"], r["model_type"], recipe_of(r), bool(r.get("hotfix"))): r
-             for r in results if not r["model_type"].startswith("__")}
+             for r in results if not r["model_type"].startswith("__") and function_of(r) == "torch"}
     lines = ["| model type | transformers | " + " | ".join(recipes) + " |", "|---|---|" + "---|" * len(recipes)]
     for family in families:
         for v in versions:

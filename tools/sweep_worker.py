@@ -10,9 +10,14 @@ from __future__ import annotations
 import json
 from typing import Dict, List, Optional
 
-from sweep_inputs import dummy_batch, fit_image_tokens
+from sweep_inputs import dummy_batch, fit_image_tokens, sweep_loss
 
 SWEEP_MODES = ("reentrant", "non-reentrant")
+#: checkpoint functions the sweep runs each recipe through, and the modes each one uses.
+#: unsloth: unsloth-zoo's UnslothCheckpointFunction swapped in for torch's CheckpointFunction
+#: (its own patch_unsloth_smart_gradient_checkpointing, loaded on CPU by tools/zoo_loader.py);
+#: it serves reentrant checkpointing only (non-reentrant never calls CheckpointFunction).
+FUNCTION_MODES = {"torch": SWEEP_MODES, "unsloth": ("reentrant",)}
 
 SMALL = {
     "hidden_size": 32, "d_model": 32, "n_embd": 32, "embed_dim": 32, "dim": 32, "hidden_dim": 64,
@@ -41,11 +46,12 @@ def shrink_config(config, depth: int = 0):
             shrink_config(value, depth + 1)
         elif key in SMALL and isinstance(value, int) and not isinstance(value, bool):
             setattr(config, key, min(value, SMALL[key]) if key != "hidden_dim" else min(value, SMALL[key]))
-        elif isinstance(value, float) and ("dropout" in key or key in ("layerdrop", "mask_time_prob",
-                                                                      "mask_feature_prob", "drop_path_rate")):
-            setattr(config, key, 0.0)
-    if getattr(config, "num_key_value_heads", None) and getattr(config, "num_attention_heads", None):
-        config.num_key_value_heads = min(config.num_key_value_heads, config.num_attention_heads)
+        elif isinstance(value, float) and ("dropout" in key or key.endswith(("layerdrop", "pdrop")) or key in (
+                "mask_time_prob", "mask_feature_prob", "drop_path_rate")):
+            setattr(config, key, 0.0)  # layers skipped at random would make the two runs differ
+    fields = vars(config)  # not getattr: 5.x per-layer attributes raise when read globally
+    if isinstance(fields.get("num_key_value_heads"), int) and isinstance(fields.get("num_attention_heads"), int):
+        config.num_key_value_heads = min(fields["num_key_value_heads"], fields["num_attention_heads"])
     vocab = getattr(config, "vocab_size", None)
     if isinstance(vocab, int):
         for key in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id", "sep_token_id",
@@ -58,16 +64,22 @@ def shrink_config(config, depth: int = 0):
     return config
 
 
-def _model_types(only: Optional[List[str]]):
+def _model_types(only: Optional[List[str]], with_variants: bool = False):
+    """(model type, base class name, config class name) of the release; with_variants also yields
+    ``<type>+<variant>`` for each variant of ``sweep_families`` (when its type is selected)."""
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
     from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
 
+    import sweep_families
+
+    variants = sweep_families.variants() if with_variants else {}
     for model_type, class_name in MODEL_MAPPING_NAMES.items():
-        if only and model_type not in only:
-            continue
         if isinstance(class_name, (list, tuple)):
             class_name = class_name[0]
-        yield model_type, class_name, CONFIG_MAPPING_NAMES.get(model_type)
+        names = [model_type] + [f"{model_type}+{v}" for v in variants.get(model_type, {})]
+        for name in names:
+            if not only or name in only or (name != model_type and model_type in only):
+                yield name, class_name, CONFIG_MAPPING_NAMES.get(model_type)
 
 
 def _short(exc: BaseException) -> str:
@@ -76,24 +88,44 @@ def _short(exc: BaseException) -> str:
     return short_error(exc, limit=160)
 
 
-def build(class_name: str, config_name: str):
-    """(model, config, batch) of a model type, from its config class's defaults shrunk small."""
+class Unbuildable(Exception):
+    """The sweep cannot build this model type here (the message is the precise reason)."""
+
+
+def build(model_type: str, class_name: str, config_name: str):
+    """(model, config, batch) of a model type, from its config class's defaults shrunk small.
+
+    ``sweep_families`` adds what the generic shrink and inputs cannot guess for a family.
+    """
     import warnings
 
     import torch
     import transformers
 
+    import sweep_families
+
+    model_type, variant = sweep_families.split_variant(model_type)
+    reason = sweep_families.unbuildable(model_type)
+    if reason:
+        raise Unbuildable(reason)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         cls = getattr(transformers, class_name)
-        config = shrink_config(getattr(transformers, config_name)())
+        make_config = sweep_families.factory(model_type) or (lambda config_class: config_class())
+        config = shrink_config(make_config(getattr(transformers, config_name)))
+        for fix in (sweep_families.config_fix(model_type), variant):
+            if fix is not None:
+                fix(config)
         torch.manual_seed(0)
         model = cls(config).train()
+        make_inputs = sweep_families.inputs_for(model_type)
+        if make_inputs is not None:
+            return model, config, make_inputs(model, config, torch.Generator().manual_seed(0))
         return model, config, fit_image_tokens(model, config, dummy_batch(model, config))
 
 
 def check_one(model_type: str, class_name: str, config_name: Optional[str], memory_limit: int, time_limit: float,
-              recipes=("full",)) -> List[Dict]:
+              recipes=("full",), modes=SWEEP_MODES) -> List[Dict]:
     """One row per recipe: pass / FAIL / n/a / could-not-build / could-not-run / no-checkpointing."""
     import warnings
 
@@ -105,6 +137,11 @@ def check_one(model_type: str, class_name: str, config_name: Optional[str], memo
     def row(recipe, **fields):
         return dict({"model_type": model_type, "class": class_name, "recipe": recipe}, **fields)
 
+    import sweep_families
+
+    reason = sweep_families.unbuildable(sweep_families.split_variant(model_type)[0])
+    if reason:
+        return [row(r, result="could-not-build", detail=reason) for r in recipes]
     try:
         declares = getattr(getattr(transformers, class_name), "supports_gradient_checkpointing", False)
     except BaseException as exc:  # some modules raise ImportError/SystemExit for missing extras
@@ -114,7 +151,10 @@ def check_one(model_type: str, class_name: str, config_name: Optional[str], memo
     rows = []
     for recipe in recipes:
         try:
-            model, config, batch = build(class_name, config_name)
+            model, config, batch = build(model_type, class_name, config_name)
+        except Unbuildable as exc:
+            rows.append(row(recipe, result="could-not-build", detail=str(exc)))
+            continue
         except BaseException as exc:
             rows.append(row(recipe, result="could-not-build", detail=_short(exc)))
             continue
@@ -130,7 +170,7 @@ def check_one(model_type: str, class_name: str, config_name: Optional[str], memo
             continue
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            report = check_model(model, batch, modes=SWEEP_MODES, memory_limit=memory_limit, time_limit=time_limit,
+            report = check_model(model, batch, loss_fn=sweep_loss, modes=modes, memory_limit=memory_limit, time_limit=time_limit,
                                  hard_exit=True, grace=30)
         out = row(recipe, parameters=len(report.parameters))
         if report.reference.status != "reference":
@@ -181,8 +221,18 @@ def worker_main(args) -> int:
     only = args.models.split(",") if args.models else None
     skip = set(args.skip.split(",")) if args.skip else set()
     recipes = args.recipes.split(",")
-    meta = {"transformers": transformers.__version__, "torch": torch.__version__, "hotfix": registry.active}
-    for model_type, class_name, config_name in _model_types(only):
+    meta = {"transformers": transformers.__version__, "torch": torch.__version__, "hotfix": registry.active,
+            "function": args.function}
+    if args.function == "unsloth":
+        from zoo_loader import install_unsloth_swap, load_release
+
+        install_unsloth_swap(load_release())  # asserts torch's CheckpointFunction is now unsloth's
+        from importlib.metadata import version
+
+        from hotfix.diagnostics.modes import installed_checkpoint
+
+        meta.update(unsloth_zoo=version("unsloth_zoo"), checkpoint_function=installed_checkpoint())
+    for model_type, class_name, config_name in _model_types(only, with_variants=True):
         if model_type in skip:
             continue
         print(json.dumps({"start": model_type}), flush=True)
@@ -191,7 +241,8 @@ def worker_main(args) -> int:
             rows = [dict(base, recipe=r, result="could-not-build", detail="no config") for r in recipes]
         else:
             try:
-                rows = check_one(model_type, class_name, config_name, args.memory_limit, args.time_limit, recipes)
+                rows = check_one(model_type, class_name, config_name, args.memory_limit, args.time_limit, recipes,
+                                 FUNCTION_MODES[args.function])
             except BaseException as exc:
                 rows = [dict(base, recipe=r, result="could-not-run", detail=_short(exc)) for r in recipes]
         for row in rows:

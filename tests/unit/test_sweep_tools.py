@@ -1,0 +1,94 @@
+"""In-process unit tests of the sweep's own rules: the per-family tables and the coverage count.
+
+The sweep (tools/sweep_models.py) is developer tooling, but its coverage line is read by other
+tooling and quoted in the README, so what counts as "checked" is pinned here.
+"""
+
+from __future__ import annotations
+
+import sweep_families
+from sweep_report import coverage, render
+
+
+def test_family_tables_load_once_each_type_in_one_module():
+    tables = sweep_families._tables()  # raises on a model type claimed by two modules
+    assert set(tables) == {"CONFIGS", "INPUTS", "UNBUILDABLE", "FACTORIES", "VARIANTS"}
+    assert len(tables["CONFIGS"]) > 100 and len(tables["INPUTS"]) > 100
+    for name in ("CONFIGS", "INPUTS"):
+        assert all(callable(fn) for fn in tables[name].values()), name
+    for model_type, reason in tables["UNBUILDABLE"].items():
+        # a precise one-line mechanism, never "could not build"
+        assert reason and "\n" not in reason and "could not" not in reason.lower(), (model_type, reason)
+
+
+def test_family_modules_import_without_torch_or_transformers():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tools = Path(sweep_families.__file__).resolve().parent.parent
+    code = ("import sys, sweep_families; sweep_families._tables(); "
+            "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=str(tools), capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "[]", out.stderr[-2000:]
+
+
+def _rows(function, results, on_off=(False, True), model_type="llama"):
+    for recipe in ("full", "lora", "lora-input-grads", "frozen-tower"):
+        for on in on_off:
+            result = "n/a" if recipe == "frozen-tower" else "pass"
+            results.append({"model_type": model_type, "recipe": recipe, "hotfix": on, "transformers": "5.23.0",
+                            "result": result, "function": function, "class": "LlamaModel"})
+
+
+def test_coverage_counts_a_type_only_once_every_function_ran_every_recipe(tmp_path):
+    results = [{"model_type": "__census__", "transformers": "5.23.0", "checkpointable": ["llama", "bert"],
+                "not": [], "unknown": []}]
+    _rows("torch", results)
+    assert coverage(results, "5.23.0", functions=("torch",))["checked"] == ["llama"]
+    assert coverage(results, "5.23.0", functions=("torch", "unsloth"))["checked"] == []  # unsloth not run
+    _rows("unsloth", results, on_off=(False,))  # only the unpatched half
+    assert coverage(results, "5.23.0", functions=("torch", "unsloth"))["checked"] == []
+    _rows("unsloth", results, on_off=(True,))
+    assert coverage(results, "5.23.0", functions=("torch", "unsloth"))["checked"] == ["llama"]
+    doc = tmp_path / "sweep.md"
+    render(results, doc, ["5.23.0"], "2.13.0", functions=("torch", "unsloth"))
+    text = doc.read_text()
+    assert "coverage 5.23.0: 1/2 model types" in text
+    assert "| model type | class | full | lora | lora-input-grads | frozen-tower | full (unsloth) |" in text
+
+
+def test_rows_written_before_functions_existed_count_as_torch():
+    results = [{"model_type": "__census__", "transformers": "5.23.0", "checkpointable": ["llama"]}]
+    _rows("torch", results)
+    for row in results[1:]:
+        del row["function"]
+    assert coverage(results, "5.23.0")["checked"] == ["llama"]
+
+
+def test_a_line_where_unsloth_did_not_run_counts_torch_only_and_shows_no_unsloth_columns(tmp_path):
+    results = [{"model_type": "__census__", "transformers": "5.23.0", "checkpointable": ["llama", "bert"]}]
+    _rows("torch", results)
+    doc = tmp_path / "sweep.md"
+    render(results, doc, ["5.23.0"], "2.13.0", functions=("torch", "unsloth"))
+    text = doc.read_text()
+    assert "coverage 5.23.0: 1/2 model types" in text and "(unsloth)" not in text.split("## transformers")[1]
+
+
+def test_variants_are_extra_rows_of_their_type_never_types_of_the_census():
+    from sweep_worker import _model_types
+
+    fix = sweep_families.split_variant("deberta-v2+layer_norm")[1]
+    assert callable(fix) and sweep_families.split_variant("deberta-v2") == ("deberta-v2", None)
+    with_variants = [name for name, _, _ in _model_types(["deberta-v2"], with_variants=True)]
+    assert with_variants == ["deberta-v2", "deberta-v2+layer_norm"]
+    assert [name for name, _, _ in _model_types(["deberta-v2"])] == ["deberta-v2"]  # the census's view
+    assert all("+" not in name for name, _, _ in _model_types(None))
+
+
+def test_the_layer_norm_variant_switches_on_the_keyword_tensor_path():
+    from transformers import DebertaV2Config
+
+    config = DebertaV2Config()
+    sweep_families.split_variant("deberta-v2+layer_norm")[1](config)
+    assert config.relative_attention and config.norm_rel_ebd == "layer_norm"
