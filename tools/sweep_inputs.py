@@ -126,21 +126,6 @@ def fit_image_tokens(model, config, batch: Dict) -> Dict:
     return batch
 
 
-def _float_tensors(output, found):
-    import torch
-
-    if isinstance(output, torch.Tensor):
-        if output.is_floating_point() and all(output is not t for t in found):
-            found.append(output)
-    elif isinstance(output, dict) or hasattr(output, "values") and callable(output.values):
-        for item in output.values():
-            _float_tensors(item, found)
-    elif isinstance(output, (tuple, list)):
-        for item in output:
-            _float_tensors(item, found)
-    return found
-
-
 def sweep_loss(output, batch):
     """The model's own loss where it computed one, else a fixed random projection of EVERY float output.
 
@@ -149,20 +134,13 @@ def sweep_loss(output, batch):
     (transducers), so the rest of the model would get no gradient in either run and never be
     compared.  Same seed, same structure in every run: the projection is identical across runs.
     """
-    import math
+    from hotfix.diagnostics.step import default_loss, float_tensors, model_loss, random_projection
 
-    import torch
-
-    from hotfix.diagnostics.step import default_loss, model_loss
-
-    if model_loss(output) is not None:
-        return default_loss(output, batch)  # the model's own loss (required grad or not: see default_loss)
-    tensors = _float_tensors(output, [])
-    if not tensors:
-        return default_loss(output, batch)  # raises the checker's own "no loss and no float tensor" error
-    g = torch.Generator().manual_seed(1234)
-    total = 0.0
-    for tensor in tensors:
-        weights = torch.randn(tensor.shape, generator=g, dtype=torch.float32).to(tensor.device)
-        total = total + (tensor.float() * weights).sum() / math.sqrt(max(tensor.numel(), 1))
-    return total
+    tensors = []
+    for tensor in float_tensors(output):
+        if all(tensor is not seen for seen in tensors):  # an output listed twice counts once
+            tensors.append(tensor)
+    if model_loss(output) is not None or not tensors:
+        # the model's own loss (required grad or not), or the checker's "no loss and no float tensor" error
+        return default_loss(output, batch)
+    return random_projection(tensors)

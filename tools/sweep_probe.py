@@ -30,7 +30,7 @@ def _probe_types(only, skip, per_model: float, memory: int) -> int:
     import torch
     import transformers
 
-    from sweep_worker import Unbuildable, _model_types, _short, build
+    from sweep_worker import _model_types, _short, build
 
     torch.set_num_threads(1)
     transformers.logging.set_verbosity_error()
@@ -47,7 +47,7 @@ def _probe_types(only, skip, per_model: float, memory: int) -> int:
         if model_type in skip:
             continue
         print(json.dumps({"start": model_type}), flush=True)
-        reason = sweep_families.unbuildable(sweep_families.split_variant(model_type)[0])
+        reason = sweep_families.unbuildable(model_type)
         if reason:
             print(json.dumps({"type": model_type, "stage": "unbuildable", "error": reason}), flush=True)
             continue
@@ -71,8 +71,6 @@ def _probe_types(only, skip, per_model: float, memory: int) -> int:
 
                 sweep_loss(model(**batch), batch).backward()
             print(json.dumps({"type": model_type, "stage": "ok"}), flush=True)
-        except Unbuildable as exc:
-            print(json.dumps({"type": model_type, "stage": "unbuildable", "error": str(exc)}), flush=True)
         except BaseException as exc:
             print(json.dumps({"type": model_type, "stage": stage, "error": _short(exc)}), flush=True)
         finally:

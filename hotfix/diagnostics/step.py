@@ -31,22 +31,44 @@ def call_model(model, batch):
     return model(batch)
 
 
-def first_float_tensor(output):
+def float_tensors(output):
+    """Every floating-point tensor of a model output, depth first (dicts and ModelOutputs by value, tuples, lists)."""
     import torch
 
     if isinstance(output, torch.Tensor):
-        return output if output.is_floating_point() else None
+        if output.is_floating_point():
+            yield output
+        return
     if isinstance(output, dict) or hasattr(output, "values") and callable(output.values):
         items = list(output.values())
     elif isinstance(output, (tuple, list)):
         items = list(output)
     else:
-        return None
+        return
     for item in items:
-        found = first_float_tensor(item)
-        if found is not None:
-            return found
-    return None
+        yield from float_tensors(item)
+
+
+def first_float_tensor(output):
+    return next(float_tensors(output), None)
+
+
+def random_projection(tensors):
+    """A fixed random projection (one generator, seed 1234) of each tensor in turn, summed.
+
+    A random projection, not ``.sum()``/``.mean()``: those are invariant to
+    shifts that LayerNorm-style outputs absorb, which would make many
+    gradients zero in exact arithmetic.
+    """
+    import torch
+
+    g = torch.Generator().manual_seed(1234)
+    total = None
+    for tensor in tensors:
+        weights = torch.randn(tensor.shape, generator=g, dtype=torch.float32).to(tensor.device)
+        term = (tensor.float() * weights).sum() / math.sqrt(max(tensor.numel(), 1))
+        total = term if total is None else total + term
+    return total
 
 
 def model_loss(output):
@@ -60,14 +82,8 @@ def model_loss(output):
 
 
 def default_loss(output, batch):
-    """``output.loss`` if the model computed one (required grad or not), else a fixed random projection of the first float output.
-
-    A random projection, not ``.sum()``/``.mean()``: those are invariant to
-    shifts that LayerNorm-style outputs absorb, which would make many
-    gradients zero in exact arithmetic.
-    """
-    import torch
-
+    """``output.loss`` if the model computed one (required grad or not), else a fixed random projection
+    of the first float output (:func:`random_projection`)."""
     loss = model_loss(output)
     if loss is not None:
         # The model's own loss, even where it does not require grad: then
@@ -77,9 +93,7 @@ def default_loss(output, batch):
     tensor = first_float_tensor(output)
     if tensor is None:
         raise CheckerError("the model's output has no loss and no float tensor; pass loss_fn")
-    g = torch.Generator().manual_seed(1234)
-    weights = torch.randn(tensor.shape, generator=g, dtype=torch.float32).to(tensor.device)
-    return (tensor.float() * weights).sum() / math.sqrt(max(tensor.numel(), 1))
+    return random_projection([tensor])
 
 
 def run_step(model, batch, loss_fn, seed, watchdog: Watchdog, label: str, time_limit: float, result: ModeResult,

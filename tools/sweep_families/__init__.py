@@ -57,7 +57,8 @@ def inputs_for(model_type: str) -> Optional[Callable]:
 
 
 def unbuildable(model_type: str) -> Optional[str]:
-    return _tables()["UNBUILDABLE"].get(model_type)
+    """The reason ``model_type`` (or ``<model_type>+<variant>``) cannot be built here, or None."""
+    return _tables()["UNBUILDABLE"].get(model_type.partition("+")[0])
 
 
 def factory(model_type: str) -> Optional[Callable]:
