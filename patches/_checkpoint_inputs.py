@@ -25,12 +25,19 @@ The same holds for a tensor that is passed positionally but *inside a
 container* (5.x MLCD passes ``position_embeddings`` as a list of two tensors
 that depend on the trainable ``class_pos_emb``): the checkpoint only sees
 top-level tensors, so those are lifted too and put back into a rebuilt copy of
-the container during recomputation.
+the container during recomputation.  A shared mapping handed to every layer
+(5.x Gemma-4's ``shared_kv_states``, a ``UserDict``) is searched the same way:
+the keys/values an earlier layer stored there reach a later layer only through
+it.  The checkpoint's own forward calls the layer with the original objects
+(a layer may store into such a mapping; ``_checkpoint_shared_state``), only the
+recomputation gets rebuilt copies.
 """
 
 from __future__ import annotations
 
+import copy
 import functools
+from collections.abc import Mapping, MutableMapping
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import torch
@@ -65,7 +72,7 @@ def _needs_grad(value: Any) -> bool:
 
 
 def find_grad_tensors(value: Any, found: List[torch.Tensor], seen: set) -> None:
-    """Collect tensors that require grad in ``value`` (tensors, tuples, lists, dicts).
+    """Collect tensors that require grad in ``value`` (tensors, tuples, lists, mappings).
 
     Each tensor is collected once (by identity) even when it occurs several times.
     """
@@ -76,16 +83,18 @@ def find_grad_tensors(value: Any, found: List[torch.Tensor], seen: set) -> None:
     elif isinstance(value, (tuple, list)):
         for item in value:
             find_grad_tensors(item, found, seen)
-    elif isinstance(value, dict):
+    elif isinstance(value, Mapping):
         for item in value.values():
             find_grad_tensors(item, found, seen)
 
 
 def map_structure(value: Any, is_leaf: Callable[[Any], bool], fn: Callable[[Any], Any]) -> Any:
-    """``value`` rebuilt with ``fn`` applied to every leaf, through tuples, lists and dicts.
+    """``value`` rebuilt with ``fn`` applied to every leaf, through tuples, lists and mappings.
 
     Containers are rebuilt with their own type, so named tuples and dict
-    subclasses (``ModelOutput``-like) keep their class.
+    subclasses (``ModelOutput``-like) keep their class; another mutable mapping
+    (``UserDict``: ``KVSharingDict``) becomes a shallow copy of itself with its
+    values rebuilt, never the original changed.
     """
     if is_leaf(value):
         return fn(value)
@@ -103,6 +112,14 @@ def map_structure(value: Any, is_leaf: Callable[[Any], bool], fn: Callable[[Any]
         try:
             return type(value)(rebuilt)
         except Exception:  # a dict subclass with its own constructor: keep a plain dict
+            return rebuilt
+    if isinstance(value, MutableMapping):
+        rebuilt = {key: map_structure(item, is_leaf, fn) for key, item in value.items()}
+        try:
+            twin = copy.copy(value)
+            twin.update(rebuilt)
+            return twin
+        except Exception:  # a mapping that cannot be copied: a plain dict with its items
             return rebuilt
     return value
 
@@ -168,8 +185,12 @@ def lift_closure_tensors(
     bound_keywords = function.keywords
 
     def run_with_lifted_inputs(*all_args):
-        # The checkpoint function hands back (detached, during recomputation)
-        # versions of every input; map the originals' identities onto them.
+        if all(all_args[slots[id(tensor)]] is tensor for tensor in found):
+            # The checkpoint's forward: the layer gets its original objects
+            # (a mapping it stores into must be the caller's, not a copy).
+            return function(*all_args[:n_args])
+        # The recomputation hands back detached versions of every input;
+        # map the originals' identities onto them.
         replacement = {key: all_args[slot] for key, slot in slots.items()}
         positional = list(all_args[:n_args])
         for i in nested_positions:

@@ -20,11 +20,16 @@ recomputation in backward flattens the same way; after the checkpoint returns,
 :meth:`FlatOutputs.rebuild` puts its (now connected) tensors back into the
 structure.  A call whose output is a tensor or a flat tuple is returned
 exactly as the layer returned it.
+
+Given a ``SharedStateWrites`` watcher (``_checkpoint_shared_state``), the
+tensors the layer stored into a shared mapping follow the layer's own as
+further outputs, and :meth:`FlatOutputs.rebuild` stores their connected
+versions back into the caller's mapping.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator, List
+from typing import Any, Callable, Iterator, List, Optional
 
 import torch
 
@@ -79,27 +84,49 @@ def _is_leaf_marker(value: Any) -> bool:
 
 
 class FlatOutputs:
-    """``function`` returning its tensors as one flat tuple when its output nests them."""
+    """``function`` returning its tensors as one flat tuple when its output nests them.
 
-    def __init__(self, function: Callable) -> None:
+    ``writes``: the watcher of the same call, whose stored tensors become outputs too.
+    """
+
+    def __init__(self, function: Callable, writes: Optional[Any] = None) -> None:
         self.__wrapped__ = function  # what the layer call is (other wrappers look through us)
+        self._writes = writes
         self._skeleton: Any = None
+        self._stored: List[tuple] = []  # the forward's (mapping, key, skeleton of the stored value)
         self.nested = None  # decided by the first call: the checkpoint's forward
+
+    def _written(self) -> list:
+        return self._writes.written if self._writes is not None else []
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         output = self.__wrapped__(*args, **kwargs)
+        written = self._written()
+        if self._writes is not None:
+            self._writes.written = []  # hold no mapping beyond this call
         if self.nested is None:
-            self.nested = _has_nested_tensor(output)
+            self.nested = _has_nested_tensor(output) or bool(written)
             if self.nested:
                 self._skeleton = _skeleton(output, [])
+                self._stored = [(mapping, key, _skeleton(value, [])) for mapping, key, value in written]
         if not self.nested:
             return output
         leaves: List[torch.Tensor] = []
         _skeleton(output, leaves)
+        for _mapping, _key, value in written:
+            _skeleton(value, leaves)
         return tuple(leaves)
 
     def rebuild(self, result: Any) -> Any:
-        """What the layer returned, its tensors now the checkpoint's (connected) outputs."""
+        """What the layer returned, its tensors now the checkpoint's (connected) outputs.
+
+        Tensors the layer stored into a shared mapping are stored there again, connected.
+        """
         if not self.nested:
             return result
-        return _fill(self._skeleton, iter(result if isinstance(result, tuple) else (result,)))
+        tensors = iter(result if isinstance(result, tuple) else (result,))
+        output = _fill(self._skeleton, tensors)
+        for mapping, key, skeleton in self._stored:
+            mapping[key] = _fill(skeleton, tensors)
+        self._stored = []  # the checkpoint keeps this object until backward: no mapping kept alive by it
+        return output

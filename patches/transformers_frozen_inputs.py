@@ -92,6 +92,10 @@ def _layer_of(function: Any) -> Any:
                 return function.args[0]  # 5.x: partial(forward, self, **kwargs)
             function = function.func
             continue
+        inner = getattr(function, "__wrapped__", None)  # a hotfix wrapper around the layer call
+        if inner is not None:
+            function = inner
+            continue
         owner = getattr(function, "__self__", None)  # bound layer.__call__ / super().__call__
         return owner if isinstance(owner, nn.Module) else None
     return None

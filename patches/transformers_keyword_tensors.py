@@ -24,6 +24,12 @@ returns ``((hidden_states,), height, width)``: the nested hidden states leave
 the checkpoint detached, and every parameter before the last stage silently
 gets no gradient (tiny pvt_v2: 52 of 54 tensors, 4.53.3 to 5.23.0).
 
+The same on a side channel: 5.x Gemma-4 with KV sharing (``num_kv_shared_layers``,
+E2B/E4B) has one layer store its keys/values into ``shared_kv_states``, a
+mapping every layer is handed, for later layers to read.  Stored during a
+no-grad forward, they are constants: wrong gradients, no error (tiny Gemma-4,
+5.23.0: 24 of 63 parameter gradients, up to 46 % off).
+
 How this patch fixes it
 -----------------------
 Both shapes read ``self._gradient_checkpointing_func`` at call time.  We put a
@@ -39,7 +45,10 @@ whatever checkpoint function they hold.  When the checkpoint is reentrant,
 the layer call is also wrapped in ``hotfix.patches._checkpoint_outputs.FlatOutputs``:
 if its output nests a tensor, the checkpoint returns all of them as one flat
 tuple of outputs, and the layer's own structure is rebuilt around them after
-the call.  Under ``torch.compile`` the raw
+the call.  A call handed a mutable mapping has its layer call watched
+(``hotfix.patches._checkpoint_shared_state``): tensors it stores there become
+further checkpoint outputs and are stored back connected; later layers then
+get them lifted into their inputs.  Under ``torch.compile`` the raw
 function is handed out: dynamo traces the checkpoint itself, and the bug does
 not occur there.
 The wrapper only runs where transformers already decided to checkpoint
@@ -64,23 +73,29 @@ def _checkpoint_with_lifted_inputs(wrapped, instance, args, kwargs):
     # a layer checkpoints, torch is loaded anyway.
     from hotfix.patches._checkpoint_inputs import is_reentrant, lift_closure_tensors
     from hotfix.patches._checkpoint_outputs import FlatOutputs
+    from hotfix.patches._checkpoint_shared_state import SharedStateWrites
 
     if not args:
         return wrapped(*args, **kwargs)
     function, inputs = args[0], args[1:]
+    reentrant = is_reentrant(wrapped, kwargs)  # non-reentrant connects nested outputs and stored tensors itself
+    watched = SharedStateWrites.around(function, inputs) if reentrant else None
+    writes = None
+    if watched is not None:
+        writes, function, inputs = watched
     lifted = lift_closure_tensors(function, inputs)
     if lifted is not None:
         if not repair_notice.said:
             repair_notice.say(TransformersKeywordTensors.name, "tensors passed by keyword became checkpoint inputs",
                               TransformersKeywordTensors.upstream)
         function, inputs = lifted
-    if not is_reentrant(wrapped, kwargs):  # non-reentrant checkpointing connects nested outputs itself
+    if not reentrant:
         return wrapped(function, *inputs, **kwargs)
-    outputs = FlatOutputs(function)
+    outputs = FlatOutputs(function, writes)
     result = outputs.rebuild(wrapped(outputs, *inputs, **kwargs))
     if outputs.nested and not repair_notice.said:
-        repair_notice.say(TransformersKeywordTensors.name, "tensors nested in a layer's output became checkpoint "
-                          "outputs", TransformersKeywordTensors.upstream)
+        repair_notice.say(TransformersKeywordTensors.name, "tensors nested in a layer's output or stored into a "
+                          "shared mapping became checkpoint outputs", TransformersKeywordTensors.upstream)
     return result
 
 
@@ -112,7 +127,9 @@ class TransformersKeywordTensors(Patch):
         "DeBERTa-v2 rel_embeddings= (crash), WavLM position_bias= (memory grows without bound), "
         "LayoutLM (silent missing grads), third-party layers. The tensors become checkpoint inputs. "
         "Also a layer's output that nests its tensors (pvt_v2: ((hidden,), h, w); silent missing grads): "
-        "they become checkpoint outputs."
+        "they become checkpoint outputs. Also tensors a layer stores into a mapping shared across layers "
+        "(5.x Gemma-4 KV sharing, num_kv_shared_layers > 0: silently wrong gradients): they become checkpoint "
+        "outputs, stored back connected."
     )
     upstream = "huggingface/transformers#38913 (GradientCheckpointingLayer, first in 4.53.0)"
     fixed_in = None  # no release fixes the general case as of 5.23.0

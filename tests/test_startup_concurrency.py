@@ -12,6 +12,14 @@ Each trial is a fresh interpreter (only the first import of a trigger
 activates): 1-3 threads start importing modules picked at random, the main
 thread sleeps a random 0-4 ms and imports transformers.  A trial that does not
 finish within its timeout is a hang.
+
+Each trial imports ``importlib`` before its threads start.  Python 3.11-3.13 has
+its own race (CPython gh-130094, fixed in 3.14): while one thread initializes
+the package ``importlib``, another importing ``importlib.machinery`` (``inspect``
+does, so ``wrapt`` does) loads an uninitialised second copy of
+``importlib._bootstrap`` and every later ``importlib.import_module`` fails with
+"name 'sys' is not defined".  It needs no hotfix, no site, no transformers
+(``python -S`` and two threads reproduce it), so a trial must not depend on it.
 """
 
 from __future__ import annotations
@@ -33,7 +41,7 @@ MODULES = {
 }
 
 TRIAL = r"""
-import json, random, sys, threading, time
+import importlib, json, random, sys, threading, time  # importlib: see the module docstring
 rng = random.Random(int(sys.argv[1]))
 names = sys.argv[2].split(",")
 threads = [threading.Thread(target=__import__, args=(name,), daemon=True) for name in names]

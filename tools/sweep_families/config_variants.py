@@ -30,6 +30,9 @@ def _gemma4_kv_shared(config):
     text.num_hidden_layers = 4
     text.layer_types = ["sliding_attention", "full_attention", "sliding_attention", "full_attention"]
     text.num_kv_shared_layers = 2
+    # the per-layer input embedding keeps its 262144 rows otherwise: over the 1 GiB step guard at 4 layers
+    if getattr(text, "vocab_size_per_layer_input", None):
+        text.vocab_size_per_layer_input = text.vocab_size
 
 
 VARIANTS = {
