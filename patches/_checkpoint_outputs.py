@@ -35,7 +35,7 @@ import torch
 
 from hotfix.patches._checkpoint_inputs import map_structure
 
-__all__ = ["FlatOutputs"]
+__all__ = ["FlatOutputs", "holds_tensor"]
 
 
 class _Leaf:
@@ -52,17 +52,18 @@ def _has_nested_tensor(value: Any) -> bool:
     if isinstance(value, torch.Tensor):
         return False
     if isinstance(value, (tuple, list)):
-        return any(not isinstance(item, torch.Tensor) and _holds_tensor(item) for item in value)
-    return _holds_tensor(value)  # a dict (ModelOutput) at the top: none of its tensors is an output
+        return any(not isinstance(item, torch.Tensor) and holds_tensor(item) for item in value)
+    return holds_tensor(value)  # a dict (ModelOutput) at the top: none of its tensors is an output
 
 
-def _holds_tensor(value: Any) -> bool:
+def holds_tensor(value: Any) -> bool:
+    """Is there a tensor in ``value`` (through tuples, lists and dicts)?"""
     if isinstance(value, torch.Tensor):
         return True
     if isinstance(value, (tuple, list)):
-        return any(_holds_tensor(item) for item in value)
+        return any(holds_tensor(item) for item in value)
     if isinstance(value, dict):
-        return any(_holds_tensor(item) for item in value.values())
+        return any(holds_tensor(item) for item in value.values())
     return False
 
 
@@ -96,14 +97,9 @@ class FlatOutputs:
         self._stored: List[tuple] = []  # the forward's (mapping, key, skeleton of the stored value)
         self.nested = None  # decided by the first call: the checkpoint's forward
 
-    def _written(self) -> list:
-        return self._writes.written if self._writes is not None else []
-
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         output = self.__wrapped__(*args, **kwargs)
-        written = self._written()
-        if self._writes is not None:
-            self._writes.written = []  # hold no mapping beyond this call
+        written = self._writes.take() if self._writes is not None else []
         if self.nested is None:
             self.nested = _has_nested_tensor(output) or bool(written)
             if self.nested:

@@ -48,17 +48,9 @@ import functools
 from collections.abc import MutableMapping
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from hotfix.patches._checkpoint_outputs import holds_tensor
+
 __all__ = ["SharedStateWrites"]
-
-
-def _holds_tensor(value: Any) -> bool:
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        return True
-    if isinstance(value, (tuple, list)):
-        return any(_holds_tensor(item) for item in value)
-    return False
 
 
 def _is_mapping(value: Any) -> bool:
@@ -73,8 +65,13 @@ class SharedStateWrites:
         self._live = live  # id(copy handed to the layer) -> the caller's mapping; forward only
         self.calls = 0
         # Of the latest call: (caller's mapping or None in a recomputation, key, value) for every
-        # stored value holding a tensor.  FlatOutputs takes it and empties it.
-        self.written: List[Tuple[Optional[MutableMapping], Any, Any]] = []
+        # stored value holding a tensor, until FlatOutputs takes it.
+        self._written: List[Tuple[Optional[MutableMapping], Any, Any]] = []
+
+    def take(self) -> List[Tuple[Optional[MutableMapping], Any, Any]]:
+        """What the latest call stored, handed over once (so nothing here keeps a mapping alive)."""
+        written, self._written = self._written, []
+        return written
 
     @classmethod
     def around(cls, function: Callable, inputs: Sequence[Any]) -> Optional[Tuple["SharedStateWrites", Callable, tuple]]:
@@ -127,7 +124,7 @@ class SharedStateWrites:
             for key, value in list(mapping.items()):
                 if key in old and old[key] is value:
                     continue
-                if _holds_tensor(value):
+                if holds_tensor(value):
                     written.append((caller, key, value))
                 elif caller is not None:
                     caller[key] = value
@@ -137,5 +134,5 @@ class SharedStateWrites:
                 mapping.clear()  # back to what the forward saw, for the recomputation
                 mapping.update(old)
         self._live = {}  # nothing kept refers to the caller's mappings
-        self.written = written
+        self._written = written
         return output

@@ -169,3 +169,19 @@ def plugin_dir(tmp_path: Path, name: str, modules: dict, entry_points: str) -> P
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
     (info / "entry_points.txt").write_text("[hotfix.patches]\n" + textwrap.dedent(entry_points))
     return tmp_path
+
+
+def _grads_of(model, x, checkpointing):
+    """Gradients of one backward of ``model(x)`` (``x`` a fresh leaf that needs grad), with or without checkpointing."""
+    from hotfix.diagnostics.compare import collect_grads
+
+    model.zero_grad(set_to_none=True)
+    model.checkpointing = checkpointing
+    model(x.clone().requires_grad_(True)).backward()
+    return collect_grads(model)
+
+
+@pytest.fixture
+def grads_of():
+    """In-process gradient comparisons (tests/unit): ``grads_of(model, x, checkpointing)``."""
+    return _grads_of

@@ -70,7 +70,8 @@ def dummy_batch(model, config, seed: int = 0) -> Dict:
     return batch
 
 
-def _image_token_owner(config):
+def image_token_key(config):
+    """The name under which this config keeps its image placeholder id (top level or text config), or None."""
     for owner in (config, getattr(config, "text_config", None)):
         for key in ("image_token_id", "image_token_index"):
             if isinstance(getattr(owner, key, None), int):
@@ -89,7 +90,7 @@ def fit_image_tokens(model, config, batch: Dict) -> Dict:
     """
     import torch
 
-    key = _image_token_owner(config)
+    key = image_token_key(config)
     if key is None or "input_ids" not in batch or "pixel_values" not in batch:
         return batch
     text = getattr(config, "text_config", None) or config

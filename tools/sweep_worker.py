@@ -45,7 +45,7 @@ def shrink_config(config, depth: int = 0):
         if isinstance(value, PretrainedConfig) and depth < 3:
             shrink_config(value, depth + 1)
         elif key in SMALL and isinstance(value, int) and not isinstance(value, bool):
-            setattr(config, key, min(value, SMALL[key]) if key != "hidden_dim" else min(value, SMALL[key]))
+            setattr(config, key, min(value, SMALL[key]))
         elif isinstance(value, float) and ("dropout" in key or key.endswith(("layerdrop", "pdrop")) or key in (
                 "mask_time_prob", "mask_feature_prob", "drop_path_rate")):
             setattr(config, key, 0.0)  # layers skipped at random would make the two runs differ

@@ -8,6 +8,8 @@ against the model's own mismatch check.  This module defines no tables.
 
 from __future__ import annotations
 
+from sweep_inputs import image_token_key  # tools/ is on sys.path wherever sweep_families is
+
 
 # --------------------------------------------------------------------------- helpers
 
@@ -33,18 +35,9 @@ def _image_size(config, default=32):
     return size[0] if isinstance(size, (list, tuple)) else size
 
 
-def _token_key(config):
-    """The name under which this config keeps its image placeholder id (top level or text config)."""
-    for owner in (config, getattr(config, "text_config", None)):
-        for key in ("image_token_id", "image_token_index"):
-            if isinstance(getattr(owner, key, None), int):
-                return key
-    return None
-
-
 def _set_token(model, config, token, key=None):
     """Point the image placeholder id at ``token`` wherever the model may read it."""
-    key = key or _token_key(config) or "image_token_id"
+    key = key or image_token_key(config) or "image_token_id"
     for owner in (config, getattr(config, "text_config", None), getattr(model, "config", None),
                   getattr(getattr(model, "model", None), "config", None)):
         if owner is not None and hasattr(owner, key):
