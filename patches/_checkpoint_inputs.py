@@ -31,12 +31,24 @@ the keys/values an earlier layer stored there reach a later layer only through
 it.  The checkpoint's own forward calls the layer with the original objects
 (a layer may store into such a mapping; ``_checkpoint_shared_state``), only the
 recomputation gets rebuilt copies.
+
+A transformers ``Cache`` handed to a layer is searched too, through the tensors
+each of its per-layer entries holds (``cache.layers[i].keys`` / ``.values``,
+4.56 and later).  5.x DiffusionGemma's decoder layers read the encoder's
+keys/values from ``past_key_values`` this way; left in the cache, those tensors
+tie every decoder layer's recomputation to the encoder's graph ("Trying to
+backward through the graph a second time").  The recomputation gets a shallow
+copy of the cache whose entries hold the lifted tensors' twins, so it also
+never appends to the caller's cache a second time.  A cache without a
+``layers`` list (an older or future layout) is left as it is: upstream
+behaviour, no error.
 """
 
 from __future__ import annotations
 
 import copy
 import functools
+import sys
 from collections.abc import Mapping, MutableMapping
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
@@ -72,7 +84,7 @@ def _needs_grad(value: Any) -> bool:
 
 
 def find_grad_tensors(value: Any, found: List[torch.Tensor], seen: set) -> None:
-    """Collect tensors that require grad in ``value`` (tensors, tuples, lists, mappings).
+    """Collect tensors that require grad in ``value`` (tensors, tuples, lists, mappings, caches).
 
     Each tensor is collected once (by identity) even when it occurs several times.
     """
@@ -86,6 +98,44 @@ def find_grad_tensors(value: Any, found: List[torch.Tensor], seen: set) -> None:
     elif isinstance(value, Mapping):
         for item in value.values():
             find_grad_tensors(item, found, seen)
+    else:
+        for entry in _cache_entries(value):
+            find_grad_tensors(list(_tensors_of(entry).values()), found, seen)
+
+
+def _cache_entries(value: Any) -> list:
+    """The per-layer entries of a transformers ``Cache`` (``cache.layers``), else ``[]``.
+
+    Looked up in ``sys.modules``, never imported: a cache exists only where
+    transformers is loaded already.
+    """
+    cache_class = getattr(sys.modules.get("transformers.cache_utils"), "Cache", None)
+    if cache_class is None or not isinstance(value, cache_class):
+        return []
+    entries = getattr(value, "layers", None)
+    return entries if isinstance(entries, list) else []
+
+
+def _tensors_of(entry: Any) -> dict:
+    """The tensors a cache entry holds as attributes (``keys``, ``values``, ...), by attribute name."""
+    return {name: item for name, item in getattr(entry, "__dict__", {}).items() if isinstance(item, torch.Tensor)}
+
+
+def _cache_with(cache: Any, replacement: dict) -> Any:
+    """``cache`` itself, or where it holds a lifted tensor a shallow copy whose entries hold their twins."""
+    entries = _cache_entries(cache)
+    if not any(id(item) in replacement for entry in entries for item in _tensors_of(entry).values()):
+        return cache
+    twins = []
+    for entry in entries:
+        twin = copy.copy(entry)
+        for name, item in _tensors_of(entry).items():
+            if id(item) in replacement:
+                setattr(twin, name, replacement[id(item)])
+        twins.append(twin)
+    rebuilt = copy.copy(cache)
+    rebuilt.layers = twins
+    return rebuilt
 
 
 def map_structure(value: Any, is_leaf: Callable[[Any], bool], fn: Callable[[Any], Any]) -> Any:
@@ -124,13 +174,19 @@ def map_structure(value: Any, is_leaf: Callable[[Any], bool], fn: Callable[[Any]
     return value
 
 
-def _is_tensor(value: Any) -> bool:
-    return isinstance(value, torch.Tensor)
+def _is_tensor_or_cache(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) or bool(_cache_entries(value))
 
 
 def _substitute(value: Any, replacement: dict) -> Any:
-    """Rebuild ``value`` with each lifted tensor swapped for its recomputation twin."""
-    return map_structure(value, _is_tensor, lambda tensor: replacement.get(id(tensor), tensor))
+    """Rebuild ``value`` with each lifted tensor swapped for its recomputation twin (in caches too)."""
+
+    def swap(leaf: Any) -> Any:
+        if isinstance(leaf, torch.Tensor):
+            return replacement.get(id(leaf), leaf)
+        return _cache_with(leaf, replacement)
+
+    return map_structure(value, _is_tensor_or_cache, swap)
 
 
 def lift_closure_tensors(

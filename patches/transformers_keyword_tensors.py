@@ -28,7 +28,11 @@ The same on a side channel: 5.x Gemma-4 with KV sharing (``num_kv_shared_layers`
 E2B/E4B) has one layer store its keys/values into ``shared_kv_states``, a
 mapping every layer is handed, for later layers to read.  Stored during a
 no-grad forward, they are constants: wrong gradients, no error (tiny Gemma-4,
-5.23.0: 24 of 63 parameter gradients, up to 46 % off).
+5.23.0: 24 of 63 parameter gradients, up to 46 % off).  And through a cache:
+5.x DiffusionGemma's decoder layers read the encoder's keys/values from
+``past_key_values`` (a ``DynamicCache``), so each layer's recomputation walks
+the encoder's graph again ("Trying to backward through the graph a second
+time", tiny DiffusionGemma, 5.23.0, full fine-tuning and LoRA).
 
 How this patch fixes it
 -----------------------
@@ -41,7 +45,9 @@ same function wrapped (wrapt ``FunctionWrapper``) so that closure tensors
 needing grad are lifted into real checkpoint inputs
 (``hotfix.patches._checkpoint_inputs``).  Because a data descriptor on the class wins
 over the instance dict, layers built before hotfix was imported are fixed too,
-whatever checkpoint function they hold.  When the checkpoint is reentrant,
+whatever checkpoint function they hold.  Tensors in containers, shared
+mappings and caches handed to the layer are lifted the same way.  When the
+checkpoint is reentrant,
 the layer call is also wrapped in ``hotfix.patches._checkpoint_outputs.FlatOutputs``:
 if its output nests a tensor, the checkpoint returns all of them as one flat
 tuple of outputs, and the layer's own structure is rebuilt around them after
@@ -129,7 +135,8 @@ class TransformersKeywordTensors(Patch):
         "Also a layer's output that nests its tensors (pvt_v2: ((hidden,), h, w); silent missing grads): "
         "they become checkpoint outputs. Also tensors a layer stores into a mapping shared across layers "
         "(5.x Gemma-4 KV sharing, num_kv_shared_layers > 0: silently wrong gradients): they become checkpoint "
-        "outputs, stored back connected."
+        "outputs, stored back connected. Also keys/values a layer reads from a Cache it is handed (5.x "
+        "DiffusionGemma decoder: crash): they become checkpoint inputs."
     )
     upstream = "huggingface/transformers#38913 (GradientCheckpointingLayer, first in 4.53.0)"
     fixed_in = None  # no release fixes the general case as of 5.23.0

@@ -48,6 +48,25 @@ def matrix_path(name: str, version: str) -> Path:
     return path
 
 
+def run_sweep(tmp_path: Path, version: str, models: str, recipes: str, functions: str = "torch,unsloth") -> List[dict]:
+    """The rows of a fresh ``tools/sweep_models.py`` run on ``models`` (comma list) of one release, census rows left out."""
+    import json
+
+    matrix_path("transformers", version)
+    if "unsloth" in functions:
+        matrix_path("unsloth-zoo", "2026.10.9")  # tools/sweep_models.py UNSLOTH_ZOO
+    results = tmp_path / "sweep.jsonl"
+    proc = subprocess.run(
+        [sys.executable, str(TOOLS / "sweep_models.py"), "--versions", version, "--models", models,
+         "--recipes", recipes, "--functions", functions, "--fresh", "--jobs", "2",
+         "--results", str(results), "--doc", str(tmp_path / "sweep.md")],
+        capture_output=True, text=True, timeout=900, cwd=str(tmp_path),
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    rows = [json.loads(line) for line in results.read_text().splitlines()]
+    return [row for row in rows if not row["model_type"].startswith("__")]
+
+
 def clean_env(extra: Optional[Dict[str, str]] = None, pythonpath: Iterable[Path] = ()) -> Dict[str, str]:
     """A child's environment: no HOTFIX_* settings, PYTHONPATH = the given paths, tests/ and tools/."""
     return child_env(keep_hotfix_settings=False, pythonpath=[*pythonpath, TESTS, TOOLS], extra=extra)

@@ -70,6 +70,20 @@ def dummy_batch(model, config, seed: int = 0) -> Dict:
     return batch
 
 
+def to_dtype(value, dtype):
+    """``value`` with every floating tensor cast to ``dtype``, through nested dicts, lists and tuples;
+    token ids, masks and anything else unchanged (``--dtype float64``: batch and model in one dtype)."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.to(dtype) if value.is_floating_point() else value
+    if isinstance(value, dict):
+        return {key: to_dtype(item, dtype) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(to_dtype(item, dtype) for item in value)
+    return value
+
+
 def image_token_key(config):
     """The name under which this config keeps its image placeholder id (top level or text config), or None."""
     for owner in (config, getattr(config, "text_config", None)):

@@ -6,6 +6,8 @@
     python tools/sweep_models.py --fast               # the CI subset (tests/test_sweep_fast.py)
     python tools/sweep_models.py --versions 4.56.2 --models bert,whisper
     python tools/sweep_models.py --render-only        # rebuild docs/sweep.md from the results file
+    python tools/sweep_models.py --dtype float64 --results .sweep/results-float64.jsonl --doc /tmp/sweep-float64.md
+                                                      # model and inputs in float64: is an fp32 difference rounding?
 
 For every transformers release asked for (installed side by side in
 ``.matrix/transformers-<v>`` by scripts/test.sh) and for hotfix off
@@ -91,7 +93,8 @@ def run_worker(version: str, hotfix_on: bool, function: str, models: Optional[Li
     skip = set(done)
     while True:
         cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--memory-limit", str(args.memory_limit),
-               "--time-limit", str(args.time_limit), "--recipes", args.recipes, "--function", function]
+               "--time-limit", str(args.time_limit), "--recipes", args.recipes, "--function", function,
+               "--dtype", args.dtype]
         if models:
             cmd += ["--models", ",".join(models)]
         if skip:
@@ -179,6 +182,8 @@ def main(argv=None) -> int:
     p.add_argument("--functions", default=None,
                    help="checkpoint functions, comma list of %s (default: all; --fast: torch)" % ",".join(FUNCTION_MODES))
     p.add_argument("--function", default="torch", choices=tuple(FUNCTION_MODES), help=argparse.SUPPRESS)
+    p.add_argument("--dtype", choices=("float32", "float64"), default="float32",
+                   help="model and float inputs in this dtype (float64: is an fp32-sized difference rounding?)")
     p.add_argument("--jobs", type=int, default=1, help="(release, hotfix on/off) workers run at once (default 1)")
     args = p.parse_args(argv)
     if args.census:
@@ -221,13 +226,15 @@ def main(argv=None) -> int:
                 # resume: a cell counts as done once checked (or not applicable); what could not be built,
                 # run, or finish is tried again (the builder may have learnt it since)
                 if r["transformers"] == version and bool(r.get("hotfix")) == hotfix_on and function_of(r) == function \
-                        and r.get("result") in DONE + ("no-checkpointing",):
+                        and r.get("dtype", "float32") == args.dtype and r.get("result") in DONE + ("no-checkpointing",):
                     have.setdefault(r["model_type"], set()).add(recipe_of(r))
             done = {t for t, got in have.items() if set(recipes) <= got}
 
             def sink(row):
                 row["hotfix"] = bool(row.get("hotfix", hotfix_on))
                 row["function"] = function
+                if args.dtype != "float32":  # rows without the key are float32, as before the option
+                    row["dtype"] = args.dtype
                 with lock:
                     results.append(row)
                     with results_path.open("a") as f:

@@ -21,7 +21,7 @@ RECIPES = ("full", "lora", "lora-input-grads", "frozen-tower")
 ATTENTION_PROJECTIONS = frozenset({
     "q_proj", "v_proj", "query", "value", "q", "v", "qkv", "qkv_proj", "c_attn", "Wqkv", "query_key_value",
     "q_lin", "v_lin", "to_q", "to_v", "in_proj", "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj",
-    "query_proj", "value_proj", "self_attn.q", "Wq", "Wv", "wq", "wv", "qkv_linear",
+    "query_proj", "value_proj", "Wq", "Wv", "wq", "wv", "qkv_linear",
 })
 #: attribute names of vision/audio towers, looked up on the model and on ``model.model``
 TOWERS = ("vision_tower", "vision_model", "visual", "vision_encoder", "image_encoder", "vision",
@@ -33,7 +33,12 @@ class NotApplicable(Exception):
 
 
 def lora_targets(model) -> List[str]:
-    """Names (last component) of the attention projections in ``model`` that PEFT can wrap."""
+    """Full names of the attention projections in ``model`` that PEFT can wrap.
+
+    Full names, not PEFT's usual last components: a model may hold another module kind under the
+    same name, which PEFT refuses (5.x Gemma-4 and DiffusionGemma towers' ``q_proj`` is a
+    ``Gemma4ClippableLinear`` around a Linear: "Target module ... is not supported").
+    """
     import torch
 
     kinds = [torch.nn.Linear]
@@ -43,11 +48,8 @@ def lora_targets(model) -> List[str]:
         kinds.append(Conv1D)
     except ImportError:
         pass
-    found = set()
-    for name, module in model.named_modules():
-        if isinstance(module, tuple(kinds)) and name.rsplit(".", 1)[-1] in ATTENTION_PROJECTIONS:
-            found.add(name.rsplit(".", 1)[-1])
-    return sorted(found)
+    return sorted(name for name, module in model.named_modules()
+                  if isinstance(module, tuple(kinds)) and name.rsplit(".", 1)[-1] in ATTENTION_PROJECTIONS)
 
 
 def tower_of(model):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Dict, List, Optional
 
-from sweep_inputs import dummy_batch, fit_image_tokens, sweep_loss
+from sweep_inputs import dummy_batch, fit_image_tokens, sweep_loss, to_dtype
 
 SWEEP_MODES = ("reentrant", "non-reentrant")
 #: checkpoint functions the sweep runs each recipe through, and the modes each one uses.
@@ -119,10 +119,14 @@ def build(model_type: str, class_name: str, config_name: str):
 
 
 def check_one(model_type: str, class_name: str, config_name: Optional[str], memory_limit: int, time_limit: float,
-              recipes=("full",), modes=SWEEP_MODES) -> List[Dict]:
-    """One row per recipe: pass / FAIL / n/a / could-not-build / could-not-run / no-checkpointing."""
+              recipes=("full",), modes=SWEEP_MODES, dtype: str = "float32") -> List[Dict]:
+    """One row per recipe: pass / FAIL / n/a / could-not-build / could-not-run / no-checkpointing.
+
+    ``dtype="float64"``: the model and the batch's float tensors in double precision (the checker's tolerance
+    follows: 1e-10), to tell rounding (shrinks by ~1e-9) from a real difference (does not)."""
     import warnings
 
+    import torch
     import transformers
 
     from hotfix.diagnostics.checker import check_model
@@ -146,6 +150,10 @@ def check_one(model_type: str, class_name: str, config_name: Optional[str], memo
     for recipe in recipes:
         try:
             model, config, batch = build(model_type, class_name, config_name)
+            if dtype == "float64":  # before the recipe: LoRA adapters follow their base layer's dtype
+                model, batch = model.double(), to_dtype(batch, torch.float64)
+                if hasattr(model, "set_experts_implementation"):  # 5.x MoE default grouped_mm has no float64 kernel
+                    model.set_experts_implementation("eager")
         except BaseException as exc:
             rows.append(row(recipe, result="could-not-build", detail=_short(exc)))
             continue
@@ -170,7 +178,8 @@ def check_one(model_type: str, class_name: str, config_name: Optional[str], memo
             out.update(result="no-checkpointing", detail=report.modes[0].error if report.modes else "")
         else:
             out["modes"] = {m.mode: {"status": m.status, "summary": m.summary(), "missing": len(m.missing),
-                                     "wrong": len(m.wrong), "total": m.total, "saved_bytes": m.saved_bytes}
+                                     "wrong": len(m.wrong), "total": m.total, "saved_bytes": m.saved_bytes,
+                                     "max_error": m.max_error}
                             for m in report.modes}
             out["result"] = "pass" if report.safe else "FAIL"
         rows.append(out)
@@ -233,7 +242,7 @@ def worker_main(args) -> int:
         else:
             try:
                 rows = check_one(model_type, class_name, config_name, args.memory_limit, args.time_limit, recipes,
-                                 FUNCTION_MODES[args.function])
+                                 FUNCTION_MODES[args.function], args.dtype)
             except BaseException as exc:
                 rows = [dict(base, recipe=r, result="could-not-run", detail=_short(exc)) for r in recipes]
         for row in rows:

@@ -1,6 +1,7 @@
 """What a check may change on a model, snapshotted so it can be put back exactly.
 
-Training flags, checkpointing attributes, forward/backward hooks, buffers
+Training flags, checkpointing attributes, forward/backward hooks (and the marks that say they are
+installed), buffers
 (BatchNorm statistics), ``.grad`` of every parameter, the config's attributes
 and the RNG states of torch, CUDA, ``random`` and numpy.
 """
@@ -11,6 +12,11 @@ import random
 import sys
 
 _CKPT_ATTRS = ("gradient_checkpointing", "_gradient_checkpointing_func", "_require_grads_hook")
+# Marks that say "my hooks are installed": restored with the hooks, or a model left marked but unhooked
+# never installs them again.  transformers 5.x installs its hidden-state capture hooks on the first forward
+# that asks for hidden states and marks the model; restored away, the next forward captured nothing
+# (5.23 depth_pro: its Dinov2 returned hidden_states=(), IndexError, in every checkpointed mode).
+_HOOK_MARKS = ("_output_capturing_hooks_installed",)
 _HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called",
                "_forward_pre_hooks_with_kwargs", "_backward_hooks", "_backward_pre_hooks")
 MISSING = object()
@@ -24,7 +30,7 @@ class ModelState:
 
         self.model = model
         self.training = [(m, m.training) for m in model.modules()]
-        self.attrs = [(m, {a: m.__dict__.get(a, MISSING) for a in _CKPT_ATTRS}) for m in model.modules()]
+        self.attrs = [(m, {a: m.__dict__.get(a, MISSING) for a in _CKPT_ATTRS + _HOOK_MARKS}) for m in model.modules()]
         self.hooks = [(m, {h: dict(getattr(m, h)) for h in _HOOK_DICTS if isinstance(getattr(m, h, None), dict)})
                       for m in model.modules()]
         self.grads = [(p, p.grad) for p in model.parameters()]

@@ -185,3 +185,35 @@ def test_parse_bytes(text, value):
 
 def test_fmt_bytes():
     assert (fmt_bytes(None), fmt_bytes(12), fmt_bytes(-2048), fmt_bytes(3 * 2**30)) == ("n/a", "12 B", "-2.0 KiB", "3.0 GiB")
+
+
+class _LazilyHooked(_Model):
+    """Installs a forward hook on its first forward and marks itself, as transformers 5.x does for its
+    hidden-state capture (``_output_capturing_hooks_installed``); later forwards read what the hook caught."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner, self.head = torch.nn.Linear(3, 3), torch.nn.Linear(3, 1)
+        self.caught = []
+
+    def forward(self, x):
+        if not getattr(self, "_output_capturing_hooks_installed", False):
+            self.inner.register_forward_hook(lambda module, args, output: self.caught.append(output))
+            self._output_capturing_hooks_installed = True
+        self.caught.clear()
+        self.inner(x)
+        (hidden,) = self.caught  # ValueError where the hook is gone but the mark stayed
+        return self.head(hidden)
+
+
+def test_a_check_restores_lazily_installed_hooks_with_their_mark():
+    """The check's restore between modes removes hooks the reference step installed; the mark that
+    says they are installed must go with them, or every checkpointed mode runs unhooked (5.23
+    depth_pro: IndexError in every mode, a checker artifact)."""
+    from hotfix.diagnostics.checker import check_model
+
+    model = _LazilyHooked()
+    report = check_model(model, torch.randn(2, 3), loss_fn=lambda output, batch: output.sum(), modes=["reentrant"])
+    assert report.reference.status == "reference", report.reference.error
+    assert report.modes[0].status == "equal", report.modes[0].error
+    assert "_output_capturing_hooks_installed" not in vars(model) and not model.inner._forward_hooks  # as before

@@ -1,0 +1,90 @@
+"""patches/_checkpoint_inputs.py in-process: tensors that reach a checkpointed layer inside a transformers ``Cache``.
+
+The model mimics 5.x DiffusionGemma: an encoder (not checkpointed) fills a ``DynamicCache`` with keys and
+values, layer after layer, and every decoder layer, handed that cache by keyword (as
+``GradientCheckpointingLayer`` does, through ``partial``), reads its entry and appends its own keys
+without changing the cache.  Failing without (reentrant checkpointing: each layer's recomputation reaches
+the encoder's graph through the cache, "Trying to backward through the graph a second time"), passing
+with (every gradient equals the run without checkpointing), through the keyword fix's own checkpoint
+wrapper; the caller's cache still holds its own tensors afterwards.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+import wrapt
+from torch.utils.checkpoint import checkpoint
+
+from hotfix.diagnostics.compare import compare_grads
+from hotfix.patches.transformers_keyword_tensors import _checkpoint_with_lifted_inputs
+
+cache_utils = pytest.importorskip("transformers.cache_utils")
+
+
+class DecoderLayer(torch.nn.Module):
+    def __init__(self, index):
+        super().__init__()
+        self.index = index
+        self.query = torch.nn.Linear(4, 4)
+        self.key = torch.nn.Linear(4, 4)
+
+    def forward(self, hidden, past_key_values=None):
+        entry = past_key_values.layers[self.index]
+        keys = torch.cat([entry.keys, self.key(hidden)], dim=-2)  # appended, the cache left unchanged
+        values = torch.cat([entry.values, hidden], dim=-2)
+        weights = torch.softmax(self.query(hidden) @ keys.transpose(-1, -2), dim=-1)
+        return hidden + weights @ values
+
+
+class Model(torch.nn.Module):
+    def __init__(self, fix):
+        super().__init__()
+        self.encoder = torch.nn.ModuleList([torch.nn.Linear(4, 4) for _ in range(2)])
+        self.layers = torch.nn.ModuleList([DecoderLayer(i) for i in range(2)])
+        self.head = torch.nn.Linear(4, 1)
+        raw = functools.partial(checkpoint, use_reentrant=True)
+        self.checkpoint = wrapt.FunctionWrapper(raw, _checkpoint_with_lifted_inputs) if fix else raw
+        self.checkpointing = False
+        self.last_cache = None
+
+    def forward(self, x):
+        cache = self.last_cache = cache_utils.DynamicCache()
+        encoded = x
+        for i, encode in enumerate(self.encoder):  # chained: both entries depend on the first encoder layer
+            encoded = torch.tanh(encode(encoded))
+            cache.update(encoded, encoded * 2, i)
+        hidden = x
+        for layer in self.layers:
+            if self.checkpointing:  # transformers' GradientCheckpointingLayer call
+                hidden = self.checkpoint(functools.partial(layer.__call__, past_key_values=cache), hidden)
+            else:
+                hidden = layer(hidden, past_key_values=cache)
+        return self.head(hidden).pow(2).sum()
+
+
+def _model(fix):
+    torch.manual_seed(0)
+    return Model(fix).train()
+
+
+def test_cache_tensors_break_backward_without_and_are_exact_with_the_fix(grads_of):
+    x = torch.randn(1, 3, 4)
+    broken = _model(fix=False)
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        grads_of(broken, x, True)
+
+    fixed = _model(fix=True)
+    report = compare_grads(grads_of(fixed, x, False), grads_of(fixed, x, True))
+    assert report.ok and not report.missing, report.summary()
+    assert any(name.startswith("encoder.") for name in report.equal), report.summary()
+
+
+def test_the_callers_cache_keeps_its_own_tensors(grads_of):
+    model = _model(fix=True)
+    grads_of(model, torch.randn(1, 3, 4), True)
+    entries = model.last_cache.layers
+    assert len(entries) == 2 and all(entry.keys.shape[-2] == 3 for entry in entries)  # nothing appended twice
+    assert all(entry.keys.grad_fn is not None for entry in entries)  # the encoder's own tensors, not twins
