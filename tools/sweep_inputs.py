@@ -71,17 +71,17 @@ def dummy_batch(model, config, seed: int = 0) -> Dict:
 
 
 def to_dtype(value, dtype):
-    """``value`` with every floating tensor cast to ``dtype``, through nested dicts, lists and tuples;
+    """``value`` with every floating tensor cast to ``dtype``, through nested dicts, lists and tuples (the
+    structure rebuilt as hotfix rebuilds a checkpointed call's, named tuples and dict subclasses kept);
     token ids, masks and anything else unchanged (``--dtype float64``: batch and model in one dtype)."""
     import torch
 
-    if isinstance(value, torch.Tensor):
-        return value.to(dtype) if value.is_floating_point() else value
-    if isinstance(value, dict):
-        return {key: to_dtype(item, dtype) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(to_dtype(item, dtype) for item in value)
-    return value
+    from hotfix.patches._checkpoint_inputs import map_structure
+
+    def is_float(item):
+        return isinstance(item, torch.Tensor) and item.is_floating_point()
+
+    return map_structure(value, is_float, lambda tensor: tensor.to(dtype))
 
 
 def image_token_key(config):

@@ -11,15 +11,11 @@ wrapper; the caller's cache still holds its own tensors afterwards.
 
 from __future__ import annotations
 
-import functools
-
 import pytest
 import torch
-import wrapt
-from torch.utils.checkpoint import checkpoint
+from layer_calls import CheckpointedLayers
 
 from hotfix.diagnostics.compare import compare_grads
-from hotfix.patches.transformers_keyword_tensors import _checkpoint_with_lifted_inputs
 
 cache_utils = pytest.importorskip("transformers.cache_utils")
 
@@ -39,15 +35,12 @@ class DecoderLayer(torch.nn.Module):
         return hidden + weights @ values
 
 
-class Model(torch.nn.Module):
+class Model(CheckpointedLayers):
     def __init__(self, fix):
-        super().__init__()
+        super().__init__(fix)
         self.encoder = torch.nn.ModuleList([torch.nn.Linear(4, 4) for _ in range(2)])
         self.layers = torch.nn.ModuleList([DecoderLayer(i) for i in range(2)])
         self.head = torch.nn.Linear(4, 1)
-        raw = functools.partial(checkpoint, use_reentrant=True)
-        self.checkpoint = wrapt.FunctionWrapper(raw, _checkpoint_with_lifted_inputs) if fix else raw
-        self.checkpointing = False
         self.last_cache = None
 
     def forward(self, x):
@@ -58,10 +51,7 @@ class Model(torch.nn.Module):
             cache.update(encoded, encoded * 2, i)
         hidden = x
         for layer in self.layers:
-            if self.checkpointing:  # transformers' GradientCheckpointingLayer call
-                hidden = self.checkpoint(functools.partial(layer.__call__, past_key_values=cache), hidden)
-            else:
-                hidden = layer(hidden, past_key_values=cache)
+            hidden = self.call_layer(layer, hidden, past_key_values=cache)
         return self.head(hidden).pow(2).sum()
 
 

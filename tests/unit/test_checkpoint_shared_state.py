@@ -11,16 +11,13 @@ own checkpoint wrapper; the caller's mapping is left as the forward left it, and
 from __future__ import annotations
 
 import collections
-import functools
 import gc
 import weakref
 
 import torch
-import wrapt
-from torch.utils.checkpoint import checkpoint
+from layer_calls import CheckpointedLayers
 
 from hotfix.diagnostics.compare import compare_grads
-from hotfix.patches.transformers_keyword_tensors import _checkpoint_with_lifted_inputs
 
 
 class SharedKeys(collections.UserDict):
@@ -46,25 +43,19 @@ class Layer(torch.nn.Module):
         return hidden + torch.sigmoid(self.query(hidden)) * keys
 
 
-class Model(torch.nn.Module):
+class Model(CheckpointedLayers):
     ROLES = [("sliding", "own"), ("sliding", "store"), ("full", "store"), ("sliding", "reuse"), ("full", "reuse")]
 
     def __init__(self, fix, reentrant=True):
-        super().__init__()
+        super().__init__(fix, reentrant)
         self.layers = torch.nn.ModuleList([Layer(kind, role) for kind, role in self.ROLES])
         self.head = torch.nn.Linear(4, 1)
-        raw = functools.partial(checkpoint, use_reentrant=reentrant)
-        self.checkpoint = wrapt.FunctionWrapper(raw, _checkpoint_with_lifted_inputs) if fix else raw
-        self.checkpointing = False
         self.last_shared = None
 
     def forward(self, x):
         shared = self.last_shared = SharedKeys()
         for layer in self.layers:
-            if self.checkpointing:  # transformers' GradientCheckpointingLayer call
-                x = self.checkpoint(functools.partial(layer.__call__, shared=shared), x)
-            else:
-                x = layer(x, shared=shared)
+            x = self.call_layer(layer, x, shared=shared)
         return self.head(x).pow(2).sum()
 
 
