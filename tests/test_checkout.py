@@ -2,7 +2,7 @@
 
 ``patches/`` becomes ``hotfix.patches`` only through pyproject's package-dir
 mapping at build time; run from the repository root, ``python -m hotfix``
-used to import a hotfix with none of its four fixes, and ``check-model
+used to import a hotfix with none of its fixes, and ``check-model
 --compare-hotfix`` compared "without hotfix" against "hotfix with no fixes".
 """
 
@@ -24,7 +24,7 @@ def test_status_from_checkout_root_equals_installed():
     assert from_checkout.returncode == installed.returncode == 0, (from_checkout.stderr, installed.stderr)
     assert "hotfix/__init__.py" not in from_checkout.stderr
     checkout_lines, installed_lines = _patch_lines(from_checkout.stdout), _patch_lines(installed.stdout)
-    assert len(checkout_lines) == 4, from_checkout.stdout
+    assert len(checkout_lines) == 5, from_checkout.stdout
     assert checkout_lines == installed_lines, (from_checkout.stdout, installed.stdout)
     assert "failed to load" not in from_checkout.stdout
 
@@ -45,7 +45,7 @@ def test_checkout_without_installed_metadata_reads_pyproject():
     seen = json_lines(proc.stdout)[0]
     assert seen["hotfix"] == str(REPO / "hotfix" / "__init__.py"), seen
     assert seen["patches"] == str(REPO / "patches" / "__init__.py"), seen
-    assert seen["known"] == ["transformers-frozen-inputs", "transformers-keyword-tensors",
+    assert seen["known"] == ["transformers-frozen-inputs", "transformers-input-grads-leaf", "transformers-keyword-tensors",
                              "unsloth-zoo-closure-tensors", "unsloth-zoo-offload-backward"], seen
     assert seen["errors"] == {}, seen
 

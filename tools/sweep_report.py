@@ -41,22 +41,6 @@ OUT_OF_SCOPE: Dict[str, str] = {
     "granite_speech5_encoder": "hotfix removes the upstream failure (LoRA: 8 of 8 adapters get no gradient); "
     "what remains is rounding: 1 of 68 gradients differs by 1.1e-6 relative in fp32 under reentrant "
     "recomputation, with and without hotfix, 2.0e-15 in float64; no gradient is missing",
-    # Upstream defects outside checkpointing (5.23.0; traced 2026-11-23): gradient_checkpointing_enable() calls
-    # enable_input_require_grads() for models whose main input is input_ids (modeling_utils.py:3181-3189), whose
-    # hook makes a frozen embedding's output a leaf that requires grad; these models then change it in place.
-    # LoRA passes without checkpointing and crashes alike with PEFT's enable_input_require_grads() alone.
-    "blip": "upstream, not checkpointing: BlipTextEmbeddings.forward adds position embeddings in place "
-    "(embeddings += ..., modeling_blip_text.py:85) to the frozen word embeddings' output, which "
-    "enable_input_require_grads() (called by gradient_checkpointing_enable) made a leaf that requires grad",
-    "git": "upstream, not checkpointing: GitEmbeddings.forward adds position embeddings in place "
-    "(embeddings += ..., modeling_git.py:109) to the frozen word embeddings' output, which "
-    "enable_input_require_grads() (called by gradient_checkpointing_enable) made a leaf that requires grad",
-    "blt": "upstream, not checkpointing: compute_hash_embeddings adds hash n-gram embeddings in place "
-    "(embeddings += ..., modeling_blt.py:1060) to the frozen embed_tokens' output, which "
-    "enable_input_require_grads() (called by gradient_checkpointing_enable) made a leaf that requires grad",
-    "csm": "upstream, not checkpointing: CsmDepthDecoderModel.forward writes into a slice "
-    "(inputs_embeds[:, 0] = ..., modeling_csm.py:462) of the frozen embed_tokens' output, which "
-    "enable_input_require_grads() (called by gradient_checkpointing_enable) made a leaf that requires grad",
     "deformable_detr": "rounding on gradients that are exactly zero, not gradient loss: input_proj's level-3 conv "
     "and biases feed a GroupNorm with one channel per group (level 3 is 1x1), whose output does not depend on "
     "them; fp32 noise there (amplified ~316x by the zero-variance backward) is summed in another order by "
@@ -80,7 +64,27 @@ OUT_OF_SCOPE: Dict[str, str] = {
 def load_results(path: Path) -> List[Dict]:
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.startswith("{")]
+    return mark_upstream_crashes([json.loads(line) for line in path.read_text().splitlines() if line.startswith("{")])
+
+
+def _twin_key(row: Dict) -> tuple:
+    return (row["transformers"], row["model_type"], recipe_of(row), function_of(row), row.get("dtype", "float32"))
+
+
+def mark_upstream_crashes(results: List[Dict]) -> List[Dict]:
+    """An unpatched row whose step *without* checkpointing crashed ("could-not-run") while its patched twin ran
+    and was compared is an upstream failure that hotfix removes, not a model the builder cannot run: it becomes
+    a FAIL whose mode ``without checkpointing`` is that crash.  (The lora-input-grads recipe calls
+    ``enable_input_require_grads()`` before the reference step; on GIT, BLIP, BLT and CSM upstream's hook makes
+    that step crash, ``transformers-input-grads-leaf``.)"""
+    ran = {_twin_key(r) for r in results if r.get("hotfix") and r.get("result") in CHECKED}
+    marked = []
+    for row in results:
+        if not row.get("hotfix") and row.get("result") == "could-not-run" and _twin_key(row) in ran:
+            crash = {"status": "crash", "summary": row.get("detail") or "", "missing": 0, "wrong": 0, "total": 0}
+            row = dict(row, result="FAIL", modes={"without checkpointing": crash})
+        marked.append(row)
+    return marked
 
 
 def _cell(row: Optional[Dict]) -> str:
@@ -263,7 +267,9 @@ HEADER = [
     "Cells read `unpatched → with hotfix`",
     "(unpatched = `HOTFIX_DISABLE=1`); `n/a` = the recipe does not apply (no tower, no projection PEFT",
     "can wrap); `could-not-build` / `could-not-run` = the generic small config or dummy batch does",
-    "not fit that model (not a checkpointing result).",
+    "not fit that model (not a checkpointing result); where only the unpatched step *without*",
+    "checkpointing crashed and hotfix's ran, that crash is upstream's failure (`FAIL`, \"without",
+    "checkpointing: crash\"), e.g. lora-input-grads on GIT/BLIP/BLT/CSM (`transformers-input-grads-leaf`).",
     "",
     "`coverage <release>: <checked>/<checkpointable> model types`: checkpointable = the model types",
     "whose base class declares `supports_gradient_checkpointing` (a census of every type of the",

@@ -7,7 +7,7 @@ tooling and quoted in the README, so what counts as "checked" is pinned here.
 from __future__ import annotations
 
 import sweep_families
-from sweep_report import coverage, render
+from sweep_report import coverage, mark_upstream_crashes, render
 
 
 def test_family_tables_load_once_each_type_in_one_module():
@@ -73,6 +73,24 @@ def test_a_line_where_unsloth_did_not_run_counts_torch_only_and_shows_no_unsloth
     render(results, doc, ["5.23.0"], "2.13.0", functions=("torch", "unsloth"))
     text = doc.read_text()
     assert "coverage 5.23.0: 1/2 model types" in text and "(unsloth)" not in text.split("## transformers")[1]
+
+
+def test_an_upstream_crash_of_the_step_without_checkpointing_that_hotfix_removes_is_a_checked_failure(tmp_path):
+    """GIT's lora-input-grads: upstream's enable_input_require_grads() hook crashes the reference step itself."""
+    results = [{"model_type": "__census__", "transformers": "5.23.0", "checkpointable": ["git", "zamba"]}]
+    _rows("torch", results, model_type="git")
+    _rows("torch", results, model_type="zamba")
+    crash = {"result": "could-not-run", "detail": "RuntimeError: a leaf Variable that requires grad is being used"}
+    for row in results[1:]:
+        if row["recipe"] == "lora-input-grads" and (row["model_type"] == "zamba" or not row["hotfix"]):
+            row.update(crash)  # git: hotfix's half ran; zamba: neither half ran (a builder problem)
+    results = mark_upstream_crashes(results)
+    assert coverage(results, "5.23.0")["checked"] == ["git"]
+    doc = tmp_path / "sweep.md"
+    render(results, doc, ["5.23.0"], "2.13.0")
+    git_row = next(line for line in doc.read_text().splitlines() if line.startswith("| git |"))
+    assert "**FAIL** → pass" in git_row and "without checkpointing: crash (a leaf Variable" in git_row, git_row
+    assert "fixed by hotfix" in git_row, git_row
 
 
 def test_variants_are_extra_rows_of_their_type_never_types_of_the_census():

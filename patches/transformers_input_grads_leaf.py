@@ -1,0 +1,148 @@
+"""transformers: ``enable_input_require_grads()`` makes the embeddings' output a leaf the model then changes in place.
+
+What breaks
+-----------
+``PreTrainedModel.enable_input_require_grads()`` registers a forward hook on
+the input embeddings that calls ``output.requires_grad_(True)``.  With the
+embeddings frozen (LoRA, adapters) that output has no history, so the hook
+turns it into a *leaf* tensor that requires grad, and autograd forbids
+in-place operations on such a leaf.  Several models change exactly that
+tensor in place right after the embedding lookup:
+
+* GIT ``embeddings += position_embeddings`` (``modeling_git.py``), BLIP's text
+  model the same (``modeling_blip_text.py``);
+* BLT adds its hash n-gram embeddings in place (``modeling_blt.py``);
+* CSM's depth decoder writes into a slice (``inputs_embeds[:, 0] = ...``,
+  ``modeling_csm.py``).
+
+The first forward raises "RuntimeError: a leaf Variable that requires grad is
+being used in an in-place operation" (CSM: "a view of a leaf Variable ...").
+Gradient checkpointing is what calls the hook for most users: from 5.0
+``gradient_checkpointing_enable()`` / ``activation_checkpointing_enable()``
+call ``enable_input_require_grads()`` for every model whose main input is
+``input_ids``, so on 5.x a LoRA script on these models that merely turns
+checkpointing on crashes (tiny GIT, BLIP, BLT, CSM on 5.23.0, reentrant and
+non-reentrant alike; the same script without checkpointing trains).  On 4.x
+it is the documented PEFT recipe (``enable_input_require_grads()`` before
+checkpointing) that crashes the same way.
+
+How this patch fixes it
+-----------------------
+``PreTrainedModel.enable_input_require_grads`` is wrapped (wrapt); after it
+ran, each hook it registered (the handles it stores as ``_require_grads_hook``
+/ ``_require_grads_hooks``) is replaced in its module's hook table by a plain
+function around it (torch.compile traces forward hooks; a wrapt proxy there
+would be a graph break), so the handle still removes it.  The hook runs
+as before; when that left the output a leaf requiring grad (grad mode on), the
+module's output becomes ``output.clone()`` instead: the same values, with a
+history, so the model may change it in place and the gradient still reaches
+the leaf, exactly as upstream meant.  The cost is one copy of the embeddings'
+output per forward (the size of one layer's input).  Trainable embeddings
+(the output has a history), ``no_grad`` and eval forwards are untouched.
+
+Only the base implementation is covered: 4.x Idefics2/Idefics3/SmolVLM
+override ``enable_input_require_grads`` with hooks of their own (none of them
+changes the embeddings in place).  The replacement hooks check at each call
+that this patch is still applied, so after ``revert()`` the hooks already in
+a model behave as upstream's again.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator, Optional
+
+from hotfix.notice import repair_notice
+from hotfix.patch import Patch
+from hotfix.patches._checkpoint_slot import code_objects
+
+METHOD = "enable_input_require_grads"
+#: where upstream keeps the handles: one (4.x, and 5.x "for BC") or all (5.x)
+HANDLE_ATTRIBUTES = ("_require_grads_hooks", "_require_grads_hook")
+
+
+def _non_leaf_hook(upstream_hook: Any, applied: Callable[[], bool]) -> Callable:
+    """Upstream's ``make_inputs_require_grads(module, input, output)`` hook, handing on a copy where it made a leaf.
+
+    A plain function, not a wrapt proxy: torch.compile traces forward hooks, and dynamo cannot trace a
+    ``FunctionWrapper`` (a graph break per forward).
+    """
+    import torch
+    from torch.compiler import is_compiling
+
+    def hook(module, inputs, output):
+        result = upstream_hook(module, inputs, output)
+        if not applied() or result is not None or not isinstance(output, torch.Tensor):
+            return result
+        if not (output.is_leaf and output.requires_grad and torch.is_grad_enabled()):
+            return result
+        if not repair_notice.said and not is_compiling():
+            repair_notice.say(TransformersInputGradsLeaf.name, "the input embeddings' output is handed on as a "
+                              "copy the model may change in place", TransformersInputGradsLeaf.upstream)
+        return output.clone()
+
+    hook.__wrapped__ = upstream_hook
+    return hook
+
+
+def _handles(model: Any) -> Iterator[Any]:
+    seen = set()
+    for attribute in HANDLE_ATTRIBUTES:
+        value = model.__dict__.get(attribute)
+        for handle in value if isinstance(value, (list, tuple)) else [value]:
+            if handle is not None and id(handle) not in seen:
+                seen.add(id(handle))
+                yield handle
+
+
+def _is_upstream_hook(hook: Any) -> bool:
+    return not hasattr(hook, "__wrapped__") and any("requires_grad_" in code.co_names for code in code_objects(hook))
+
+
+class TransformersInputGradsLeaf(Patch):
+    name = "transformers-input-grads-leaf"
+    targets = ("transformers.modeling_utils",)
+    # The hook is older than the releases hotfix supports (4.35.0 is the floor of
+    # the other transformers fixes).  No upper bound: 5.23.0 still has the hook,
+    # and from 5.0 checkpointing itself calls it.
+    affected = {"transformers": ">=4.35.0"}
+    symptom = (
+        "RuntimeError: a leaf Variable that requires grad is being used in an in-place operation - "
+        "LoRA with gradient checkpointing on GIT, BLIP, BLT, CSM (enable_input_require_grads)"
+    )
+    details = (
+        "enable_input_require_grads() (called by gradient_checkpointing_enable on 5.x for input_ids models) "
+        "makes the frozen embeddings' output a leaf that requires grad; models that then change it in place "
+        "(GIT, BLIP text, BLT, CSM) crash. The output is handed on as a copy with a history."
+    )
+    upstream = ("huggingface/transformers PreTrainedModel.enable_input_require_grads (hook output.requires_grad_; "
+                "called by gradient_checkpointing_enable from 5.0.0)")
+    fixed_in = None  # 5.23.0 still has it
+
+    def drift(self, module: Any) -> Optional[str]:
+        method = getattr(getattr(module, "PreTrainedModel", None), METHOD, None)
+        if method is None:
+            return f"PreTrainedModel.{METHOD} is missing"
+        codes = list(code_objects(method))
+        if not any("requires_grad_" in code.co_names for code in codes[1:]):
+            return f"PreTrainedModel.{METHOD} no longer registers an output.requires_grad_ hook"
+        if not any(name in codes[0].co_names for name in HANDLE_ATTRIBUTES):
+            return f"PreTrainedModel.{METHOD} no longer stores its hook handles as {' / '.join(HANDLE_ATTRIBUTES)}"
+        return None
+
+    def _apply(self, module: Any) -> None:
+        patch = self
+
+        def wrap_registered_hooks(wrapped, instance, args, kwargs):
+            result = wrapped(*args, **kwargs)
+            if instance is not None and patch.applied:
+                for handle in _handles(instance):
+                    table = handle.hooks_dict_ref()  # the module's _forward_hooks (a weak reference)
+                    hook = None if table is None else table.get(handle.id)
+                    if hook is not None and _is_upstream_hook(hook):
+                        table[handle.id] = _non_leaf_hook(hook, lambda: patch.applied)
+            return result
+
+        self.wrap(module.PreTrainedModel, METHOD, wrap_registered_hooks)
+
+
+patch = TransformersInputGradsLeaf()

@@ -1,0 +1,119 @@
+"""patches/transformers_input_grads_leaf.py: GIT's in-place embeddings after enable_input_require_grads().
+
+Tiny GIT (``GitModel``: ``embeddings += position_embeddings`` right after the
+word embeddings), everything frozen but the text layers' query/value weights
+(the LoRA situation without peft), one step with checkpointing against one
+step without (hotfix.diagnostics.compare, 1e-6 relative).  5.23.0: the script
+only turns checkpointing on (which calls ``enable_input_require_grads()``
+itself), reentrant and non-reentrant; 4.56.2: the documented PEFT recipe,
+``enable_input_require_grads()`` then reentrant checkpointing.  Each release
+runs in two fresh interpreters: this patch opted out (HOTFIX_DISABLED_PATCHES;
+the other fixes stay active) and hotfix as installed.  The sweep shows the
+same for BLIP, BLT and CSM (docs/sweep.md).
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from conftest import json_lines, matrix_path, run_python
+
+PATCH = "transformers-input-grads-leaf"
+LEAF_ERROR = "a leaf Variable that requires grad is being used in an in-place operation"
+
+CHILD = r"""
+import json, sys
+import torch, transformers
+import hotfix
+from hotfix.diagnostics.compare import collect_grads, compare_grads
+
+def tiny_git():
+    torch.manual_seed(0)
+    vision = dict(hidden_size=32, intermediate_size=37, num_hidden_layers=2, num_attention_heads=4,
+                  image_size=16, patch_size=8)
+    config = transformers.GitConfig(vision_config=vision, vocab_size=99, hidden_size=32, num_hidden_layers=2,
+                                    num_attention_heads=4, intermediate_size=37, max_position_embeddings=64,
+                                    hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, use_cache=False)
+    model = transformers.GitModel(config).train()
+    for name, p in model.named_parameters():
+        p.requires_grad_(name.startswith("encoder.layer.") and (".query." in name or ".value." in name))
+    batch = {"input_ids": torch.randint(0, 99, (2, 7), generator=torch.Generator().manual_seed(0))}
+    return model, batch
+
+def step(model, batch):
+    model.zero_grad(set_to_none=True)
+    hidden = model(**batch).last_hidden_state
+    loss = (hidden * torch.linspace(-1, 1, hidden.shape[-1])).sum()
+    loss.backward()
+    return float(loss), collect_grads(model)
+
+patch = hotfix.known_patches()["transformers-input-grads-leaf"]
+new_line = transformers.__version__.startswith("5.")
+for reentrant in ([False, True] if new_line else [True]):  # reentrant last: it ends with revert()
+    out = {"reentrant": reentrant, "transformers": transformers.__version__}
+    model, batch = tiny_git()
+    out["applied"] = patch.applied
+    loss, reference = step(model, batch)
+    if not new_line:  # 4.x: checkpointing does not call it; the PEFT recipe does
+        model.enable_input_require_grads()
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+    try:
+        checked_loss, grads = step(model, batch)
+    except RuntimeError as exc:
+        print(json.dumps(dict(out, status="crash", error=str(exc)[:200])), flush=True)
+        continue
+    report = compare_grads(reference, grads, rtol=1e-6)
+    out.update(status="equal" if report.ok else "differs", summary=report.summary(), total=report.total,
+               missing=len(report.missing), same_loss=checked_loss == loss)
+    with torch.no_grad():  # no_grad: upstream's hook alone (a copy made under no_grad would not require grad)
+        seen = []
+        handle = model.embeddings.word_embeddings.register_forward_hook(lambda m, i, o: seen.append(o.requires_grad))
+        model(**batch)
+        handle.remove()
+        out["no_grad_leaf"] = seen == [True]
+    if reentrant:  # revert: the hooks already in the model behave as upstream's again
+        out["reverted"] = hotfix.revert()
+        try:
+            step(model, batch)
+            out["after_revert"] = "trains"
+        except RuntimeError as exc:
+            out["after_revert"] = str(exc)[:200]
+        model.disable_input_require_grads()
+        out["hooks_left"] = len(model.embeddings.word_embeddings._forward_hooks)
+    print(json.dumps(out), flush=True)
+"""
+
+
+def _run(version, enabled):
+    env = {"OMP_NUM_THREADS": "1"}
+    if not enabled:
+        env["HOTFIX_DISABLED_PATCHES"] = PATCH
+    proc = run_python(["-c", CHILD], env=env, pythonpath=[matrix_path("transformers", version)], timeout=300)
+    results = {r["reentrant"]: r for r in json_lines(proc.stdout)}
+    assert results, proc.stderr[-3000:]
+    return results
+
+
+@pytest.mark.parametrize("version", ["4.56.2", "5.23.0"])
+def test_embeddings_changed_in_place_crash_upstream_and_train_exactly_with_hotfix(version):
+    with ThreadPoolExecutor(2) as pool:
+        without, with_patch = pool.map(lambda enabled: _run(version, enabled), (False, True))
+    reentrant_modes = [True, False] if version.startswith("5.") else [True]
+    assert sorted(without) == sorted(with_patch) == sorted(reentrant_modes), (without, with_patch)
+
+    for result in without.values():
+        assert not result["applied"], result
+        assert result["status"] == "crash" and LEAF_ERROR in result["error"], result
+
+    for result in with_patch.values():
+        assert result["applied"] is True, result
+        assert result["status"] == "equal", result
+        assert result["total"] == 8 and result["missing"] == 0, result  # 2 layers x query, value x weight, bias
+        assert result["same_loss"] and result["no_grad_leaf"], result
+
+    revert = with_patch[True]
+    assert PATCH in revert["reverted"], revert
+    assert LEAF_ERROR in revert["after_revert"], revert
+    assert revert["hooks_left"] == 0, revert  # upstream's handle still removes the wrapped hook
