@@ -76,11 +76,13 @@ def mark_upstream_crashes(results: List[Dict]) -> List[Dict]:
     and was compared is an upstream failure that hotfix removes, not a model the builder cannot run: it becomes
     a FAIL whose mode ``without checkpointing`` is that crash.  (The lora-input-grads recipe calls
     ``enable_input_require_grads()`` before the reference step; on GIT, BLIP, BLT and CSM upstream's hook makes
-    that step crash, ``transformers-input-grads-leaf``.)"""
+    that step crash, ``transformers-input-grads-leaf``.)  A memory or time guard stopping that step is not a
+    crash: it stays could-not-run."""
     ran = {_twin_key(r) for r in results if r.get("hotfix") and r.get("result") in CHECKED}
     marked = []
     for row in results:
-        if not row.get("hotfix") and row.get("result") == "could-not-run" and _twin_key(row) in ran:
+        guarded = (row.get("detail") or "").split(":", 1)[0].endswith("guard")  # memory/time guard: not a crash
+        if not row.get("hotfix") and row.get("result") == "could-not-run" and not guarded and _twin_key(row) in ran:
             crash = {"status": "crash", "summary": row.get("detail") or "", "missing": 0, "wrong": 0, "total": 0}
             row = dict(row, result="FAIL", modes={"without checkpointing": crash})
         marked.append(row)
