@@ -25,11 +25,30 @@ Given a ``SharedStateWrites`` watcher (``_checkpoint_shared_state``), the
 tensors the layer stored into a shared mapping follow the layer's own as
 further outputs, and :meth:`FlatOutputs.rebuild` stores their connected
 versions back into the caller's mapping.
+
+Outputs the loss never uses
+---------------------------
+An ``autograd.Function`` receives a gradient for *every* output in backward:
+the engine fills in zeros for an output the loss did not use.  The reentrant
+recomputation then backpropagates those zeros, so every parameter that feeds
+only that output gets a zero gradient where a run without checkpointing leaves
+it at ``None``.  For an optimizer that differs (AdamW steps, decays and updates
+the moments of a zero gradient, and skips a ``None`` one).  ``LiltLayer``
+returns its text and its layout stream; the last layer's layout output is
+discarded, so that layer's layout weights get zeros (tiny LiLT, 5.23.0; torch's
+and unsloth's reentrant function alike).  :meth:`FlatOutputs.watch_unused`
+hooks each of a checkpoint's outputs when it has two or more that need grad.
+The hooks run in backward just before the checkpoint's own backward and see
+``None`` for an output that got no gradient.  The recomputation then returns
+such an output detached, and the checkpoint function (torch's and unsloth's
+both backpropagate only outputs that require grad) leaves its producers
+without a gradient, as the run without checkpointing does.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator, List, Optional
+import functools
+from typing import Any, Callable, Iterator, List, Optional, Set
 
 import torch
 
@@ -88,13 +107,17 @@ class FlatOutputs:
     """``function`` returning its tensors as one flat tuple when its output nests them.
 
     ``writes``: the watcher of the same call, whose stored tensors become outputs too.
+    ``notice``: called when a recomputation leaves an unused output without a gradient.
     """
 
-    def __init__(self, function: Callable, writes: Optional[Any] = None) -> None:
+    def __init__(self, function: Callable, writes: Optional[Any] = None,
+                 notice: Optional[Callable[[], None]] = None) -> None:
         self.__wrapped__ = function  # what the layer call is (other wrappers look through us)
         self._writes = writes
+        self._notice = notice
         self._skeleton: Any = None
         self._stored: List[tuple] = []  # the forward's (mapping, key, skeleton of the stored value)
+        self._unused: Set[int] = set()  # checkpoint outputs that got no gradient (set by hooks in backward)
         self.nested = None  # decided by the first call: the checkpoint's forward
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -105,13 +128,41 @@ class FlatOutputs:
             if self.nested:
                 self._skeleton = _skeleton(output, [])
                 self._stored = [(mapping, key, _skeleton(value, [])) for mapping, key, value in written]
-        if not self.nested:
-            return output
-        leaves: List[torch.Tensor] = []
-        _skeleton(output, leaves)
-        for _mapping, _key, value in written:
-            _skeleton(value, leaves)
-        return tuple(leaves)
+        if self.nested:
+            leaves: List[torch.Tensor] = []
+            _skeleton(output, leaves)
+            for _mapping, _key, value in written:
+                _skeleton(value, leaves)
+            output = tuple(leaves)
+        if self._unused and isinstance(output, tuple):  # only ever set in backward: this is the recomputation
+            unused, self._unused = self._unused, set()
+            output = tuple(item.detach() if i in unused and isinstance(item, torch.Tensor) else item
+                           for i, item in enumerate(output))
+            if self._notice is not None:
+                self._notice()
+        return output
+
+    def watch_unused(self, result: Any) -> None:
+        """Hook the checkpoint's outputs (``result``, as it returned them) to learn which get no gradient.
+
+        Only where two or more need grad: a single one that got none means the
+        checkpoint's backward never runs at all.
+        """
+        if not isinstance(result, tuple):
+            return
+        outputs = [(i, item) for i, item in enumerate(result)
+                   if isinstance(item, torch.Tensor) and item.requires_grad and item.grad_fn is not None]
+        if len(outputs) < 2:
+            return
+        for position, tensor in outputs:
+            tensor.register_hook(functools.partial(self._received, position))
+
+    def _received(self, position: int, grad: Optional[torch.Tensor]) -> None:
+        # Every output's hook runs (with None where nothing arrived) before the checkpoint's backward.
+        if grad is None:
+            self._unused.add(position)
+        else:
+            self._unused.discard(position)
 
     def rebuild(self, result: Any) -> Any:
         """What the layer returned, its tensors now the checkpoint's (connected) outputs.

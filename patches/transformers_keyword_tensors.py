@@ -32,7 +32,11 @@ no-grad forward, they are constants: wrong gradients, no error (tiny Gemma-4,
 5.x DiffusionGemma's decoder layers read the encoder's keys/values from
 ``past_key_values`` (a ``DynamicCache``), so each layer's recomputation walks
 the encoder's graph again ("Trying to backward through the graph a second
-time", tiny DiffusionGemma, 5.23.0, full fine-tuning and LoRA).
+time", tiny DiffusionGemma, 5.23.0, full fine-tuning and LoRA).  And for an
+output the loss never uses (``LiltLayer`` returns text and layout streams; the
+last layout output is discarded): the checkpoint is handed zeros for it, and
+the parameters feeding only it get zero gradients where a run without
+checkpointing gives them none (tiny LiLT, 5.23.0).
 
 How this patch fixes it
 -----------------------
@@ -54,7 +58,9 @@ tuple of outputs, and the layer's own structure is rebuilt around them after
 the call.  A call handed a mutable mapping has its layer call watched
 (``hotfix.patches._checkpoint_shared_state``): tensors it stores there become
 further checkpoint outputs and are stored back connected; later layers then
-get them lifted into their inputs.  Under ``torch.compile`` the raw
+get them lifted into their inputs.  A call with two or more outputs needing
+grad has them hooked (``FlatOutputs.watch_unused``): one that gets no gradient
+in backward is detached in the recomputation.  Under ``torch.compile`` the raw
 function is handed out: dynamo traces the checkpoint itself, and the bug does
 not occur there.
 The wrapper only runs where transformers already decided to checkpoint
@@ -97,12 +103,20 @@ def _checkpoint_with_lifted_inputs(wrapped, instance, args, kwargs):
         function, inputs = lifted
     if not reentrant:
         return wrapped(function, *inputs, **kwargs)
-    outputs = FlatOutputs(function, writes)
-    result = outputs.rebuild(wrapped(outputs, *inputs, **kwargs))
+    outputs = FlatOutputs(function, writes, notice=_notice_unused_outputs)
+    result = wrapped(outputs, *inputs, **kwargs)
+    outputs.watch_unused(result)
+    result = outputs.rebuild(result)
     if outputs.nested and not repair_notice.said:
         repair_notice.say(TransformersKeywordTensors.name, "tensors nested in a layer's output or stored into a "
                           "shared mapping became checkpoint outputs", TransformersKeywordTensors.upstream)
     return result
+
+
+def _notice_unused_outputs() -> None:
+    if not repair_notice.said:
+        repair_notice.say(TransformersKeywordTensors.name, "a layer output the loss does not use gets no gradient, "
+                          "not zeros", TransformersKeywordTensors.upstream)
 
 
 def calls_checkpoint_with_partial(layer_class: type) -> bool:
@@ -136,7 +150,8 @@ class TransformersKeywordTensors(Patch):
         "they become checkpoint outputs. Also tensors a layer stores into a mapping shared across layers "
         "(5.x Gemma-4 KV sharing, num_kv_shared_layers > 0: silently wrong gradients): they become checkpoint "
         "outputs, stored back connected. Also keys/values a layer reads from a Cache it is handed (5.x "
-        "DiffusionGemma decoder: crash): they become checkpoint inputs."
+        "DiffusionGemma decoder: crash): they become checkpoint inputs. Also a layer output the loss never uses (LiLT's "
+        "last layout stream: zero gradients where none are due): it gets no gradient, as without checkpointing."
     )
     upstream = "huggingface/transformers#38913 (GradientCheckpointingLayer, first in 4.53.0)"
     fixed_in = None  # no release fixes the general case as of 5.23.0

@@ -1,8 +1,9 @@
-"""patches/_checkpoint_outputs.py in-process: nested outputs of a reentrant checkpoint.
+"""patches/_checkpoint_outputs.py in-process: nested and unused outputs of a reentrant checkpoint.
 
 Failing without (the nested tensor leaves the checkpoint detached: its producer's parameters get no
 gradient), passing with (every gradient equals the run without checkpointing), and the structure the
-layer returned comes back: tuples, named tuples, lists, dicts and non-tensor leaves.
+layer returned comes back: tuples, named tuples, lists, dicts and non-tensor leaves.  An output the loss
+never uses: upstream its producer gets a zero gradient, with FlatOutputs none, as without checkpointing.
 """
 
 from __future__ import annotations
@@ -103,3 +104,68 @@ def test_the_remembered_structure_holds_no_tensor_and_others_see_the_layer_throu
     (inner,), height, width = flat._skeleton
     assert not isinstance(inner, torch.Tensor) and (height, width) == (3, 5)  # no activation kept alive
     assert layer_call(flat) is layer
+
+
+class TwoStreams(torch.nn.Module):
+    """Returns (text, layout) like LiltLayer; the model discards the last layer's layout output."""
+
+    def __init__(self):
+        super().__init__()
+        self.text, self.mix, self.layout = (torch.nn.Linear(4, 4) for _ in range(3))
+
+    def forward(self, x, y):
+        return torch.tanh(self.text(x) + self.mix(y)), torch.tanh(self.layout(y))
+
+
+class TwoStreamModel(torch.nn.Module):
+    def __init__(self, fix=False, reentrant=True):
+        super().__init__()
+        self.layers = torch.nn.ModuleList([TwoStreams() for _ in range(2)])
+        self.fix, self.reentrant, self.checkpointing = fix, reentrant, False
+
+    def forward(self, x):
+        y = x * 2
+        for layer in self.layers:
+            if self.checkpointing:
+                call = FlatOutputs(layer) if self.fix else layer
+                out = checkpoint(call, x, y, use_reentrant=self.reentrant)
+                if self.fix:
+                    call.watch_unused(out)
+            else:
+                out = layer(x, y)
+            x, y = out
+        return x.pow(2).sum()  # the last layout output is never used
+
+
+def test_an_unused_output_gives_zeros_upstream_and_no_gradient_with_flat_outputs(grads_of):
+    torch.manual_seed(0)
+    x = torch.randn(2, 4)
+    model = TwoStreamModel().train()
+    reference = grads_of(model, x, False)
+    assert reference["layers.1.layout.weight"] is None  # feeds only the discarded output
+
+    upstream = compare_grads(reference, grads_of(model, x, True))
+    assert not upstream.ok and set(upstream.unexpected) == {"layers.1.layout.weight", "layers.1.layout.bias"}
+    assert float(model.layers[1].layout.weight.grad.abs().sum()) == 0.0  # zeros, where the reference has none
+
+    model.fix = True
+    for _ in range(2):  # every backward decides afresh
+        fixed = compare_grads(reference, grads_of(model, x, True))
+        assert fixed.ok and fixed.total == 12, fixed.summary()
+        assert model.layers[1].layout.weight.grad is None
+
+    model.reentrant = False  # non-reentrant needs nothing and FlatOutputs is not in its path
+    assert compare_grads(reference, grads_of(model, x, True)).ok
+
+
+def test_each_backward_decides_afresh_which_outputs_were_used():
+    torch.manual_seed(0)
+    layer = TwoStreams()
+    x = torch.randn(2, 4, requires_grad=True)
+    flat = FlatOutputs(layer)
+    text, layout = out = checkpoint(flat, x, x * 2, use_reentrant=True)
+    flat.watch_unused(out)
+    for use_layout in (False, True, False):
+        layer.zero_grad(set_to_none=True)
+        (text.sum() + (layout.sum() if use_layout else 0)).backward(retain_graph=True)
+        assert (layer.layout.weight.grad is not None) == use_layout
