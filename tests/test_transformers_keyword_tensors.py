@@ -57,7 +57,9 @@ def _line(version: str) -> str:
 
 def _run_cases(version, disabled, cases=CASES, default_checkpointing=False):
     args = [str(TOOLS / "grad_case.py")] + (["--default-checkpointing"] if default_checkpointing else []) + list(cases)
-    env = {"GRAD_CASE_RSS_LIMIT": str(int(1.5 * 2**30))}
+    # WavLM upstream grows without bound (each layer's recomputation re-walks position_bias's history); a
+    # tiny model's step grows by a few MiB, so 256 MiB stops the runaway in ~15 s instead of ~90 s.
+    env = {"GRAD_CASE_RSS_LIMIT": str(256 * 2**20)}
     if disabled:
         env["HOTFIX_DISABLE"] = "1"
     proc = run_python(args, env=env, pythonpath=[matrix_path("transformers", version)], timeout=900)

@@ -6,7 +6,7 @@
     python tools/sweep_models.py --fast               # the CI subset (tests/test_sweep_fast.py)
     python tools/sweep_models.py --versions 4.56.2 --models bert,whisper
     python tools/sweep_models.py --render-only        # rebuild docs/sweep.md from the results file
-    python tools/sweep_models.py --dtype float64 --results .sweep/results-float64.jsonl --doc /tmp/sweep-float64.md
+    python tools/sweep_models.py --dtype float64      # .sweep/results-float64.jsonl and .sweep/results-float64.md
                                                       # model and inputs in float64: is an fp32 difference rounding?
 
 For every transformers release asked for (installed side by side in
@@ -192,8 +192,10 @@ def main(argv=None) -> int:
         return worker_main(args)
     versions = (args.versions.split(",") if args.versions else FAST_VERSIONS if args.fast else DEFAULT_VERSIONS)
     models = args.models.split(",") if args.models else (FAST_MODELS if args.fast else None)
-    results_path = Path(args.results or REPO / ".sweep" / ("fast.jsonl" if args.fast else "results.jsonl"))
-    doc = Path(args.doc or (REPO / ".sweep" / "fast.md" if args.fast else REPO / "docs" / "sweep.md"))
+    # --fast and float64 runs never write into the float32 results or docs/sweep.md unless told to.
+    side_run = "fast" if args.fast else "results-float64" if args.dtype == "float64" else None
+    results_path = Path(args.results or REPO / ".sweep" / f"{side_run or 'results'}.jsonl")
+    doc = Path(args.doc or (REPO / ".sweep" / f"{side_run}.md" if side_run else REPO / "docs" / "sweep.md"))
     results_path.parent.mkdir(parents=True, exist_ok=True)
     if args.fresh and results_path.exists():
         results_path.unlink()
