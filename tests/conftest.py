@@ -13,7 +13,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional
+from typing import Callable, Dict, Iterable, List, Optional
 
 import pytest
 
@@ -65,6 +65,22 @@ def run_sweep(tmp_path: Path, version: str, models: str, recipes: str, functions
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     rows = [json.loads(line) for line in results.read_text().splitlines()]
     return [row for row in rows if not row["model_type"].startswith("__")]
+
+
+def assert_sweep_cells(rows: List[dict], cells: int, upstream: Callable[[dict], bool]) -> None:
+    """The sweep rows of a fix's reproduction: ``cells`` (function, recipe, hotfix) cells.  With hotfix each
+    passes, its reentrant mode equal to no checkpointing; without, ``upstream(reentrant mode)`` holds; through
+    torch's function non-reentrant checkpointing is exact in both halves."""
+    by_cell = {(r["function"], r["recipe"], r["hotfix"]): r for r in rows}
+    assert len(by_cell) == cells, sorted(by_cell)
+    for (function, _recipe, hotfix), row in by_cell.items():
+        reentrant = row["modes"]["reentrant"]
+        if hotfix:
+            assert row["result"] == "pass" and reentrant["status"] == "equal", row
+        else:
+            assert upstream(reentrant), row
+        if function == "torch":
+            assert row["modes"]["non-reentrant"]["status"] == "equal", row
 
 
 def clean_env(extra: Optional[Dict[str, str]] = None, pythonpath: Iterable[Path] = ()) -> Dict[str, str]:

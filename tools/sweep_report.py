@@ -7,11 +7,6 @@ import json
 from pathlib import Path
 from typing import Dict, List, Optional
 
-# Failures that remain with hotfix, each with its mechanism: fp32 rounding (checked with
-# `sweep_models.py --dtype float64`), or an upstream defect outside checkpointing.
-# Filled from the sweep's results; see docs/sweep.md.
-# Shown only where the model still fails with hotfix.
-
 
 def _rounding(fp32: str, float64: str, removed: str = "") -> str:
     """The note for a failure that float64 shows to be fp32 rounding (torch's function, 5.23.0, 2026-11-23)."""
@@ -23,6 +18,10 @@ def _rounding(fp32: str, float64: str, removed: str = "") -> str:
 
 _NO_ADAPTER_GRADS = "LoRA: 8 of 8 adapters get no gradient"
 
+# Failures that remain with hotfix, each with its mechanism: fp32 rounding (checked with
+# `sweep_models.py --dtype float64`), or an upstream defect outside checkpointing.
+# Filled from the sweep's results; see docs/sweep.md.
+# Shown only where the model still fails with hotfix.
 OUT_OF_SCOPE: Dict[str, str] = {
     "florence2": "rounding, not gradient loss: the DaViT vision tower's gradients differ by 1.3e-6 (full) to 3.0e-6 "
     "(LoRA) relative in fp32 under reentrant recomputation, with and without hotfix, through torch's and "
