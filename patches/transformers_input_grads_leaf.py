@@ -1,4 +1,4 @@
-"""transformers: ``enable_input_require_grads()`` makes the embeddings' output a leaf the model then changes in place.
+"""transformers: ``enable_input_require_grads()``'s hook makes a leaf the model changes in place, or raises on a tuple.
 
 What breaks
 -----------
@@ -26,6 +26,16 @@ non-reentrant alike; the same script without checkpointing trains).  On 4.x
 it is the documented PEFT recipe (``enable_input_require_grads()`` before
 checkpointing) that crashes the same way.
 
+The same hook has a second defect: it assumes the input embeddings return a
+tensor.  The Swin family's patch embeddings return ``(embeddings,
+output_dimensions)`` (Swin, Swinv2, Swin2SR, Donut-Swin, MaskFormer-Swin),
+Data2Vec-vision's ``(embeddings, (height, width))``, Hiera's and
+TimeSformer's a tuple too, so after ``enable_input_require_grads()`` every
+forward raises "AttributeError: 'tuple' object has no attribute
+'requires_grad_'": the documented LoRA recipe for reentrant checkpointing
+cannot even start on these models (4.56.2, 4.57.6, 5.23.0; the hook fires on
+every forward, with or without checkpointing).
+
 How this patch fixes it
 -----------------------
 ``PreTrainedModel.enable_input_require_grads`` is wrapped (wrapt); after it
@@ -39,6 +49,12 @@ history, so the model may change it in place and the gradient still reaches
 the leaf, exactly as upstream meant.  The cost is one copy of the embeddings'
 output per forward (the size of one layer's input).  Trainable embeddings
 (the output has a history), ``no_grad`` and eval forwards are untouched.
+When the embeddings return a plain tuple or list, upstream's hook (which would
+raise) is not called: each floating-point tensor in it is made to require
+grad, as upstream does to a single tensor, and handed on as a copy under the
+same rule; the other items (sizes, masks, indices) pass through unchanged.
+Both defects live in the one hook this patch replaces, so they are one fix: a
+second patch replacing the same hook would have to know about this one.
 
 Only the base implementation is covered: 4.x Idefics2/Idefics3/SmolVLM
 override ``enable_input_require_grads`` with hooks of their own (none of them
@@ -70,6 +86,8 @@ def _non_leaf_hook(upstream_hook: Any, applied: Callable[[], bool]) -> Callable:
     from torch.compiler import is_compiling
 
     def hook(module, inputs, output):
+        if type(output) in (tuple, list) and applied():
+            return _tuple_output(output)
         result = upstream_hook(module, inputs, output)
         if not applied() or result is not None or not isinstance(output, torch.Tensor):
             return result
@@ -82,6 +100,27 @@ def _non_leaf_hook(upstream_hook: Any, applied: Callable[[], bool]) -> Callable:
 
     hook.__wrapped__ = upstream_hook
     return hook
+
+
+def _tuple_output(output: Any) -> Any:
+    """What upstream's hook means for embeddings that return ``(embeddings, sizes...)``: every floating-point
+    tensor in the tuple requires grad, handed on as a copy where that made it a leaf (None: nothing to change)."""
+    import torch
+    from torch.compiler import is_compiling
+
+    items, copied = list(output), False
+    for index, item in enumerate(items):
+        if not isinstance(item, torch.Tensor) or not (item.is_floating_point() or item.is_complex()):
+            continue
+        if not item.requires_grad:
+            item.requires_grad_(True)
+        if item.is_leaf and torch.is_grad_enabled():
+            items[index], copied = item.clone(), True
+    if copied and not repair_notice.said and not is_compiling():
+        repair_notice.say(TransformersInputGradsLeaf.name, "the input embeddings return a tuple; its tensors are "
+                          "made to require grad (upstream's hook calls requires_grad_ on the tuple)",
+                          TransformersInputGradsLeaf.upstream)
+    return type(output)(items) if copied else None
 
 
 def _handles(model: Any) -> Iterator[Any]:
@@ -107,12 +146,15 @@ class TransformersInputGradsLeaf(Patch):
     affected = {"transformers": ">=4.35.0"}
     symptom = (
         "RuntimeError: a leaf Variable that requires grad is being used in an in-place operation - "
-        "LoRA with gradient checkpointing on GIT, BLIP, BLT, CSM (enable_input_require_grads)"
+        "LoRA with gradient checkpointing on GIT, BLIP, BLT, CSM (enable_input_require_grads); "
+        "AttributeError: 'tuple' object has no attribute 'requires_grad_' - Swin, Hiera, Data2Vec-vision, ..."
     )
     details = (
         "enable_input_require_grads() (called by gradient_checkpointing_enable on 5.x for input_ids models) "
         "makes the frozen embeddings' output a leaf that requires grad; models that then change it in place "
-        "(GIT, BLIP text, BLT, CSM) crash. The output is handed on as a copy with a history."
+        "(GIT, BLIP text, BLT, CSM) crash. The output is handed on as a copy with a history. Embeddings that "
+        "return a tuple (Swin family, Hiera, Data2Vec-vision, TimeSformer) made the hook raise; their tensors are "
+        "made to require grad instead."
     )
     upstream = ("huggingface/transformers PreTrainedModel.enable_input_require_grads (hook output.requires_grad_; "
                 "called by gradient_checkpointing_enable from 5.0.0)")

@@ -10,6 +10,14 @@ itself), reentrant and non-reentrant; 4.56.2: the documented PEFT recipe,
 runs in two fresh interpreters: this patch opted out (HOTFIX_DISABLED_PATCHES;
 the other fixes stay active) and hotfix as installed.  The sweep shows the
 same for BLIP, BLT and CSM (docs/sweep.md).
+
+The hook's second defect, embeddings that return a tuple: tiny Swin (patch
+embeddings return ``(embeddings, output_dimensions)``), frozen but for the
+attention's query/value weights, ``enable_input_require_grads()`` then
+reentrant checkpointing, 4.56.2 and 5.23.0: upstream raises AttributeError on
+the first forward; with hotfix every gradient equals the step without
+checkpointing.  The sweep shows the same for Swinv2, Swin2SR, Donut-Swin,
+MaskFormer-Swin, Data2Vec-vision, Hiera and TimeSformer.
 """
 
 from __future__ import annotations
@@ -86,11 +94,48 @@ for reentrant in ([False, True] if new_line else [True]):  # reentrant last: it 
 """
 
 
-def _run(version, enabled):
+TUPLE_CHILD = r"""
+import json
+import torch, transformers
+import hotfix
+from hotfix.diagnostics.compare import collect_grads, compare_grads
+
+torch.manual_seed(0)
+config = transformers.SwinConfig(image_size=32, patch_size=4, embed_dim=16, depths=[1, 2], num_heads=[2, 2],
+                                 window_size=2, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+                                 drop_path_rate=0.0)
+model = transformers.SwinModel(config).train()
+for name, p in model.named_parameters():  # query/value: 4.x names them query/value, 5.x q_proj/v_proj
+    p.requires_grad_(any(k in name for k in (".query.", ".value.", ".q_proj.", ".v_proj.")))
+pixels = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+
+def step():
+    model.zero_grad(set_to_none=True)
+    hidden = model(pixel_values=pixels).last_hidden_state
+    loss = (hidden * torch.linspace(-1, 1, hidden.shape[-1])).sum()
+    loss.backward()
+    return collect_grads(model)
+
+out = {"reentrant": True, "transformers": transformers.__version__,
+       "applied": hotfix.known_patches()["transformers-input-grads-leaf"].applied}
+reference = step()
+model.enable_input_require_grads()
+model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
+try:
+    report = compare_grads(reference, step(), rtol=1e-6)
+    out.update(status="equal" if report.ok else "differs", summary=report.summary(), total=report.total,
+               missing=len(report.missing))
+except Exception as exc:
+    out.update(status="crash", error="%s: %s" % (type(exc).__name__, str(exc)[:200]))
+print(json.dumps(out), flush=True)
+"""
+
+
+def _run(version, enabled, child=CHILD):
     env = {"OMP_NUM_THREADS": "1"}
     if not enabled:
         env["HOTFIX_DISABLED_PATCHES"] = PATCH
-    proc = run_python(["-c", CHILD], env=env, pythonpath=[matrix_path("transformers", version)], timeout=300)
+    proc = run_python(["-c", child], env=env, pythonpath=[matrix_path("transformers", version)], timeout=300)
     results = {r["reentrant"]: r for r in json_lines(proc.stdout)}
     assert results, proc.stderr[-3000:]
     return results
@@ -117,3 +162,13 @@ def test_embeddings_changed_in_place_crash_upstream_and_train_exactly_with_hotfi
     assert PATCH in revert["reverted"], revert
     assert LEAF_ERROR in revert["after_revert"], revert
     assert revert["hooks_left"] == 0, revert  # upstream's handle still removes the wrapped hook
+
+
+@pytest.mark.parametrize("version", ["4.56.2", "5.23.0"])
+def test_embeddings_returning_a_tuple_crash_upstream_and_train_exactly_with_hotfix(version):
+    with ThreadPoolExecutor(2) as pool:
+        without, with_patch = pool.map(lambda enabled: _run(version, enabled, TUPLE_CHILD)[True], (False, True))
+    assert not without["applied"] and without["status"] == "crash", without
+    assert "'tuple' object has no attribute 'requires_grad_'" in without["error"], without
+    assert with_patch["applied"] and with_patch["status"] == "equal", with_patch
+    assert with_patch["total"] == 12 and with_patch["missing"] == 0, with_patch  # 3 blocks x q, v x weight, bias
