@@ -84,7 +84,15 @@ def apply(model, recipe: str):
         from peft import LoraConfig, get_peft_model
 
         config = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=targets, init_lora_weights=False)
-        peft_model = get_peft_model(model, config).train()
+        try:
+            peft_model = get_peft_model(model, config).train()
+        except NotImplementedError as exc:
+            if "get_input_embeddings" not in str(exc):
+                raise
+            # PEFT's tied-weights check asks every model for its input embeddings; a model that has none
+            # (PE Audio-Video, Granite Speech 5 CTC) cannot be wrapped at all, with or without checkpointing
+            raise NotApplicable("PEFT cannot wrap it: get_peft_model's tied-weights check calls "
+                                f"get_input_embeddings(), which {type(model).__name__} does not implement") from None
         if recipe == "lora-input-grads":
             try:
                 peft_model.enable_input_require_grads()

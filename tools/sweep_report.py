@@ -85,6 +85,12 @@ OUT_OF_SCOPE: Dict[str, str] = {
     "udop": _rounding("1.2e-6", "2.2e-15", "LoRA: \"a leaf Variable that requires grad is being used in an in-place "
                       "operation\", transformers-input-grads-leaf"),
     "unlimited_ocr": _rounding("1.3e-6", "2.2e-15"),
+    "pi0": "a model that cannot train with checkpointing at all, not a lost input: PI0 hands the VLM prefix's "
+    "keys/values to its action expert through the KV cache (vlm(..., use_cache=True).past_key_values), and with "
+    "checkpointing on in training transformers turns caching off (its config-defaults decorator sets "
+    "use_cache=False, since a cache written in a checkpointed forward would be written again on recomputation), "
+    "so past_key_values is None: the same AttributeError with reentrant, non-reentrant and unsloth's function, "
+    "with and without hotfix (5.23.0)",
 }
 
 

@@ -88,10 +88,15 @@ def _dia_inputs(model, config, generator):
 def _clvp(config):
     """The text / speech encoders rotate max(projection_dim // (2 x heads), 32) = 32 channels of every
     head, so their heads must be at least 32 wide: hidden 64 over 2 heads.  Fewer mel attention
-    blocks in the conditioning encoder (6 -> 2)."""
+    blocks in the conditioning encoder (6 -> 2).  The speech decoder's output is argmax-ed into speech
+    ids, and where a stop token appears the default ``decoder_fixing_codes`` (83, 45, 45, 248) are
+    written in: 248 is past the shrunk speech vocabulary (an IndexError whenever an argmax lands on
+    the stop token, e.g. once LoRA adapters move the logits), so the codes are kept inside it."""
     for encoder in (config.text_config, config.speech_config):
         encoder.hidden_size, encoder.num_attention_heads = 64, 2
     config.decoder_config.num_mel_attn_blocks = 2
+    vocab = config.speech_config.vocab_size
+    config.decoder_config.decoder_fixing_codes = [code % vocab for code in config.decoder_config.decoder_fixing_codes]
     _no_dropout(config)  # the decoder's resid_pdrop / embd_pdrop (0.1)
 
 

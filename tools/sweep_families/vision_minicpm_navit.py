@@ -1,12 +1,15 @@
-"""MiniCPM's packed NaViT-style SigLIP vision towers (MiniCPM-OCR, MiniCPM-V 4.7), a neighbour of the
+"""MiniCPM's packed NaViT-style SigLIP vision towers (MiniCPM-OCR, MiniCPM-V 4.6/4.7), a neighbour of the
 patch-grid GLM family (``vision_grid_glm``) with another image layout: all patches of all images packed
-into one image, and ``target_sizes`` (patch rows, columns) per image instead of a ``grid_thw``.  The
-facts come from transformers' own ModelTesters.
+into one image, and ``target_sizes`` (patch rows, columns) per image instead of a ``grid_thw``, and the
+vision-language models built on them (a Qwen3.5 hybrid text model).  The facts come from transformers'
+own ModelTesters.
 """
 
 from __future__ import annotations
 
 from ._vision_grid_glm_common import _first
+from ._vision_grid_qwen_common import _fix_layers
+from ._vision_language_common import _ids, _last_token, _set_token, with_placeholders
 
 
 def fix_minicpm_vision(config):
@@ -26,12 +29,55 @@ def minicpm_vision_batch(model, config, generator, images: int = 2, side: int = 
     return {"pixel_values": pixels, "target_sizes": torch.tensor([[side, side]] * images, dtype=torch.int32)}
 
 
+def fix_minicpm_vlm(config):
+    """The vision-language model: an image placeholder id (the config has none, so without one the images
+    are never encoded and the tower never reaches the loss), the window merger moved to the first kept
+    layer, the full merge pipeline (``"16x"``: the ``vit_merger`` runs; ``"4x"`` skips it), and a text
+    model that keeps one layer of each kind (cut to two, Qwen3.5's layer types would leave two
+    linear-attention layers and no attention projection for LoRA)."""
+    config.image_token_id = _last_token(config)
+    config.insert_layer_id = 0
+    fix_minicpm_vision(config.vision_config)
+    config.downsample_mode = "16x"
+    _fix_layers(config.text_config)
+
+
+def minicpm_vlm_batch(model, config, generator):
+    """Text with as many placeholders as the packed images make features (one image per sample); V4.7 lays
+    out M-RoPE positions from ``mm_token_type_ids`` (1 marks an image token), which it requires."""
+    import inspect
+
+    import torch
+
+    batch = dict(minicpm_vision_batch(model, config.vision_config, generator), input_ids=_ids(config, generator))
+    token = _set_token(model, config, config.image_token_id)
+    if "mm_token_type_ids" not in inspect.signature(model.forward).parameters:
+        return with_placeholders(model, config, batch, token=token)
+    text, last = batch["input_ids"], None
+    for count in range(1, 17):
+        ids = torch.cat([torch.full((text.shape[0], count), token, dtype=text.dtype), text], 1)
+        trial = dict(batch, input_ids=ids, mm_token_type_ids=(ids == token).int())
+        try:
+            with torch.no_grad():
+                model(**trial)
+            return trial
+        except ValueError as exc:  # the model's placeholder count check
+            last = exc
+    raise last
+
+
 CONFIGS = {
     "minicpm_ocr_vision": fix_minicpm_vision,
     "minicpmv4_7_vision": fix_minicpm_vision,
+    "minicpm_ocr": fix_minicpm_vlm,
+    "minicpmv4_6": fix_minicpm_vlm,
+    "minicpmv4_7": fix_minicpm_vlm,
 }
 
 INPUTS = {
     "minicpm_ocr_vision": minicpm_vision_batch,
     "minicpmv4_7_vision": minicpm_vision_batch,
+    "minicpm_ocr": minicpm_vlm_batch,
+    "minicpmv4_6": minicpm_vlm_batch,
+    "minicpmv4_7": minicpm_vlm_batch,
 }
