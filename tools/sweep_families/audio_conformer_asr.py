@@ -146,8 +146,35 @@ def _gemma4_audio_inputs(model, config, generator):
             "attention_mask": torch.ones(2, 64, dtype=torch.bool)}
 
 
+def _nemo_speechlm(config):
+    """Nemotron 3.5 Transcribe: the audio tower as its own type, and a NemotronH text model whose
+    ``layers_block_type`` (52 layers: its depth, ``num_hidden_layers`` only reads it) comes from the
+    composite's defaults: one layer of each kind (Mamba-2 mixer, MoE, attention) with small mixer sizes
+    (left at 52 layers of 128 x 64 heads, one step grows past 1 GiB).  The audio placeholder id
+    (131072) is moved inside the shrunk vocabulary."""
+    _shrink_audio(config)
+    text = config.text_config
+    text.layers_block_type = ["linear_attention", "moe", "full_attention"]
+    for key, value in (("mamba_num_heads", 4), ("mamba_head_dim", 16), ("ssm_state_size", 16), ("n_groups", 1),
+                       ("chunk_size", 4), ("n_routed_experts", 4), ("num_experts_per_tok", 2),
+                       ("moe_intermediate_size", 32), ("moe_shared_expert_intermediate_size", 32)):
+        if hasattr(text, key):
+            setattr(text, key, value)
+    config.audio_token_id = text.vocab_size - 1
+
+
+def _nemo_speechlm_inputs(model, config, generator):
+    """Audio features for the tower and text with as many audio placeholders as it makes embeddings."""
+    from ._vision_language_common import with_placeholders
+
+    features = _encoder_features(mask=True, mask_name="input_features_mask")(model, config.audio_config, generator)
+    batch = dict(features, input_ids=_ids(config.text_config.vocab_size - 1, generator, length=8))
+    return with_placeholders(model, config, batch, token=config.audio_token_id, key="audio_token_id")
+
+
 CONFIGS = {
     # conformer / FastConformer speech encoders and their CTC, transducer and seq2seq heads
+    "nemo_speechlm": _nemo_speechlm,
     "parakeet_encoder": _shrink_audio,
     "parakeet_ctc": _shrink_audio,
     "parakeet_rnnt": _shrink_audio,
@@ -169,6 +196,7 @@ CONFIGS = {
 
 
 INPUTS = {
+    "nemo_speechlm": _nemo_speechlm_inputs,
     # conformer / FastConformer speech encoders: (batch, frames, num_mel_bins)
     "parakeet_encoder": _encoder_features(),
     "parakeet_ctc": _encoder_features(),

@@ -73,7 +73,8 @@ def _fix_longcat_flash(config):
 
 
 def _fix_kimi_linear(config):
-    # MLA full-attention layers + KDA linear-attention layers (own head count/size); one layer of each
+    # MLA full-attention layers + KDA linear-attention layers (own head count/size); one layer of each.
+    # Also Bailing-hybrid (Ling 2.5), the same mix: its KDA width left at 128, one step grows past 1 GiB.
     _mla(config)
     _router(config)
     _set(config, linear_num_heads=2, linear_head_dim=16)
@@ -124,6 +125,7 @@ CONFIGS = {
     "mimo_v2_flash": _fix_mimo_v2_flash,
     "longcat_flash": _fix_longcat_flash,
     "kimi_linear": _fix_kimi_linear,
+    "bailing_hybrid": _fix_kimi_linear,
     "deepseek_v2": _fix_mla_moe,
     "deepseek_v3": _fix_mla_moe,
     "deepseek_v32": _fix_mla_moe,

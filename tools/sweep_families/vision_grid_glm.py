@@ -124,9 +124,14 @@ def fix_cohere_compass(config):
 
 
 def fix_glm5_next(config):
-    """GLM-5-Next text: per-layer lists sized for 45 layers, and linear/indexer attention widths of 128 x 64."""
+    """GLM-5-Next: the grid VLM, and its text model as ``fix_glm5_next_text``."""
     fix_grid_vlm(config)
-    text = _text(config)
+    fix_glm5_next_text(_text(config))
+
+
+def fix_glm5_next_text(text):
+    """GLM-5-Next text: per-layer lists sized for 45 layers, and linear/indexer attention widths of 128 x 64
+    (left at 128, the linear-attention step alone grows past 1 GiB)."""
     layers = text.num_hidden_layers
     # one linear-attention layer and one indexed (sparse) attention layer; dense MLP first, then MoE
     text.layer_types = ["linear_attention", "indexed_attention"][:layers]
@@ -268,6 +273,7 @@ CONFIGS = {
     **{t: fix_grid_vlm for t in _GRID_TEXTS},
     **{t: fix_vision_tower for t in _GRID_VISIONS},
     "glm5_next": fix_glm5_next,
+    "glm5_next_text": fix_glm5_next_text,
     "glm_image": fix_glm_image,
     "glm_image_vision": fix_vision_tower,
     "cohere_compass": fix_cohere_compass,
