@@ -74,7 +74,7 @@ def _fix_longcat_flash(config):
 
 def _fix_kimi_linear(config):
     # MLA full-attention layers + KDA linear-attention layers (own head count/size); one layer of each.
-    # Also Bailing-hybrid (Ling 2.5), the same mix: its KDA width left at 128, one step grows past 1 GiB.
+    # Also Bailing-hybrid, the same mix: with its KDA width left at 128, one step grows past 1 GiB.
     _mla(config)
     _router(config)
     _set(config, linear_num_heads=2, linear_head_dim=16)
