@@ -50,14 +50,16 @@ def _last_token(config):
     return (getattr(text, "vocab_size", None) or getattr(config, "vocab_size")) - 1
 
 
-def with_placeholders(model, config, batch, token=None, key=None, counts=range(1, 65), prefix="input_ids"):
+def with_placeholders(model, config, batch, token=None, key=None, counts=range(1, 65), prefix="input_ids",
+                      token_types=None):
     """``batch`` with the number of image placeholders per sample that the model accepts.
 
     The count depends on the tower, the projector's merging / pooling, tiles and newline tokens,
     and differs between releases; rather than one formula per release, the smallest count the model
     accepts is found by no-grad forwards (tiny models: milliseconds each).  Placeholders are
     prepended to the text; the model's own mismatch error ends each try.  An error that is not
-    about placeholders is raised at once (it is the real failure).
+    about placeholders is raised at once (it is the real failure).  ``token_types``: the name of an input
+    that marks the placeholders with 1, the rest 0 (5.x M-RoPE models lay out positions from it).
     """
     import torch
 
@@ -69,6 +71,8 @@ def with_placeholders(model, config, batch, token=None, key=None, counts=range(1
         trial[prefix] = torch.cat([torch.full((ids.shape[0], n), token, dtype=ids.dtype), ids], 1)
         if "attention_mask" in batch:
             trial["attention_mask"] = torch.ones_like(trial[prefix])
+        if token_types is not None:
+            trial[token_types] = (trial[prefix] == token).int()
         try:
             with torch.no_grad():
                 model(**trial)

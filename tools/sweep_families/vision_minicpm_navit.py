@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ._vision_grid_glm_common import _first
 from ._vision_grid_qwen_common import _fix_layers
-from ._vision_language_common import _ids, _last_token, _set_token, with_placeholders
+from ._vision_language_common import _ids, _last_token, with_placeholders
 
 
 def fix_minicpm_vision(config):
@@ -47,23 +47,9 @@ def minicpm_vlm_batch(model, config, generator):
     out M-RoPE positions from ``mm_token_type_ids`` (1 marks an image token), which it requires."""
     import inspect
 
-    import torch
-
     batch = dict(minicpm_vision_batch(model, config.vision_config, generator), input_ids=_ids(config, generator))
-    token = _set_token(model, config, config.image_token_id)
-    if "mm_token_type_ids" not in inspect.signature(model.forward).parameters:
-        return with_placeholders(model, config, batch, token=token)
-    text, last = batch["input_ids"], None
-    for count in range(1, 17):
-        ids = torch.cat([torch.full((text.shape[0], count), token, dtype=text.dtype), text], 1)
-        trial = dict(batch, input_ids=ids, mm_token_type_ids=(ids == token).int())
-        try:
-            with torch.no_grad():
-                model(**trial)
-            return trial
-        except ValueError as exc:  # the model's placeholder count check
-            last = exc
-    raise last
+    types = "mm_token_type_ids" if "mm_token_type_ids" in inspect.signature(model.forward).parameters else None
+    return with_placeholders(model, config, batch, token=config.image_token_id, token_types=types)
 
 
 CONFIGS = {
