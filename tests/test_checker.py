@@ -283,3 +283,23 @@ def test_no_gradient_is_never_equal_to_a_zero_gradient_and_the_loss_is_the_model
     with_hotfix = run_python(args, timeout=300)
     fixed = json.loads(with_hotfix.stdout.strip().splitlines()[-1])
     assert with_hotfix.returncode == 0 and _mode(fixed, "reentrant")["equal"] == 24, fixed
+
+
+class _UnusedHead(_OneLayer):
+    def __init__(self):
+        super().__init__()
+        self.head = nn.Linear(4, 4)  # trainable, never called: no gradient with or without checkpointing
+
+
+def test_parameters_without_a_reference_gradient_are_named_not_hidden_in_equal():
+    """None == None counts as equal (checkpointing changed nothing for them), but the report names the
+    trainable parameters that get no gradient even without checkpointing, so "all equal" cannot pass
+    off a check that compared nothing (the sweep turns a LoRA recipe whose adapters never run into n/a)."""
+    from hotfix.checker import check_model
+
+    model = _UnusedHead().train()
+    report = check_model(model, {"x": torch.randn(2, 4, requires_grad=True)}, modes=("reentrant",))
+    assert report.safe and report.mode("reentrant").equal == 4, report.format()
+    assert report.without_gradient == ["head.weight", "head.bias"]
+    assert report.to_dict()["without_gradient"] == ["head.weight", "head.bias"]
+    assert "2 of 4 trainable parameters get no gradient even without checkpointing (e.g. head.weight)" in report.format()

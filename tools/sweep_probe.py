@@ -3,12 +3,15 @@
 
     python tools/sweep_probe.py --versions 4.56.2,5.23.0            # every type, minutes per release
     python tools/sweep_probe.py --versions 5.23.0 --models qwen2_vl  # a few types, with the error
+    python tools/sweep_probe.py --versions 5.23.0 --recipe lora      # where LoRA trains nothing at all
 
 No checkpointing and no comparison: only "can the sweep build this model type from a small
 config and run forward + backward on its dummy batch" (``sweep_worker.build`` + the loss of
 ``hotfix.diagnostics.step``).  What fails here shows up in the sweep as ``could-not-build`` /
 ``could-not-run``; the probe finds it in minutes instead of hours, for work on the builder.
-Prints one line per failing type and the reach per release.
+Prints one line per failing type and the reach per release.  With ``--recipe`` the recipe is
+applied first, and a type where no trainable parameter gets a gradient even without checkpointing
+is listed as ``no-grad`` (the sweep reports that recipe n/a instead of comparing None with None).
 """
 
 from __future__ import annotations
@@ -23,12 +26,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _probe_types(only, skip, per_model: float, memory: int) -> int:
+def _probe_types(only, skip, per_model: float, memory: int, recipe: str = "") -> int:
     import resource
     import warnings
 
     import torch
     import transformers
+
+    from sweep_recipes import NotApplicable, apply
 
     from sweep_worker import _model_types, _short, build
 
@@ -66,11 +71,22 @@ def _probe_types(only, skip, per_model: float, memory: int) -> int:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 model, config, batch = build(model_type, class_name, config_name)
+                if recipe:
+                    stage = "recipe"
+                    model = apply(model, recipe)
                 stage = "run"
                 from sweep_inputs import sweep_loss
 
                 sweep_loss(model(**batch), batch).backward()
-            print(json.dumps({"type": model_type, "stage": "ok"}), flush=True)
+            trainable = [name for name, p in model.named_parameters() if p.requires_grad]
+            idle = [name for name, p in model.named_parameters() if p.requires_grad and p.grad is None]
+            if trainable and len(idle) == len(trainable):  # the sweep would compare nothing: n/a there
+                print(json.dumps({"type": model_type, "stage": "no-grad", "error": f"none of {len(trainable)} "
+                                  f"trainable parameters gets a gradient (e.g. {idle[0]})"}), flush=True)
+            else:
+                print(json.dumps({"type": model_type, "stage": "ok"}), flush=True)
+        except NotApplicable as exc:
+            print(json.dumps({"type": model_type, "stage": "n/a", "error": str(exc)}), flush=True)
         except BaseException as exc:
             print(json.dumps({"type": model_type, "stage": stage, "error": _short(exc)}), flush=True)
         finally:
@@ -89,7 +105,7 @@ def _probe_release(version: str, args) -> list:
     rows: list = []
     while True:
         cmd = [str(Path(__file__).resolve()), "--child", "--per-model", str(args.per_model),
-               "--memory", str(args.memory), "--skip", ",".join(r["type"] for r in rows)]
+               "--memory", str(args.memory), "--skip", ",".join(r["type"] for r in rows), "--recipe", args.recipe]
         proc = run_python(cmd + (["--models", args.models] if args.models else []), env=env,
                           cwd=tempfile.gettempdir(), timeout=7200)
         lines = json_lines(proc.stdout)
@@ -108,12 +124,15 @@ def main(argv=None) -> int:
     p.add_argument("--per-model", type=float, default=120.0, help="seconds per model type (default 120)")
     p.add_argument("--memory", type=float, default=8.0, help="GiB of address space per probe child (default 8)")
     p.add_argument("--skip", default="", help=argparse.SUPPRESS)
+    p.add_argument("--recipe", default="", help="apply this sweep recipe first (lora, ...): also finds types where "
+                   "it trains nothing (no trainable parameter gets a gradient even without checkpointing)")
     p.add_argument("--json", action="store_true", help="print every type's line, as JSON")
     p.add_argument("--doc", default=None, help="also write the reach and every failing type to this markdown file")
     args = p.parse_args(argv)
     only = args.models.split(",") if args.models else None
     if args.child:
-        return _probe_types(only, set(filter(None, args.skip.split(","))), args.per_model, int(args.memory * 2**30))
+        return _probe_types(only, set(filter(None, args.skip.split(","))), args.per_model, int(args.memory * 2**30),
+                            args.recipe)
     report = []
     for version in args.versions.split(","):
         rows = _probe_release(version, args)

@@ -8,12 +8,12 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 
-def _rounding(fp32: str, float64: str, removed: str = "") -> str:
-    """The note for a failure that float64 shows to be fp32 rounding (torch's function, 5.23.0, 2026-11-23)."""
+def _rounding(fp32: str, float64: str, removed: str = "", measured: str = "5.23.0, 2026-11-23") -> str:
+    """The note for a failure that float64 (torch's function, on ``measured``) shows to be fp32 rounding."""
     head = f"hotfix removes the upstream failure ({removed}); what remains is rounding" if removed else \
         "rounding, not gradient loss"
     return (f"{head}: up to {fp32} relative in fp32 under reentrant recomputation, with and without hotfix; in "
-            f"float64 every gradient agrees to {float64} (2026-11-23); no gradient is missing")
+            f"float64 every gradient agrees to {float64} ({measured}); no gradient is missing")
 
 
 _NO_ADAPTER_GRADS = "LoRA: 8 of 8 adapters get no gradient"
@@ -57,6 +57,20 @@ OUT_OF_SCOPE: Dict[str, str] = {
     "them; fp32 noise there (amplified ~316x by the zero-variance backward) is summed in another order by "
     "reentrant's inner backward: 1.1e-3 relative under the whole-gradient floor in fp32; in float64 2.1e-12, "
     "non-reentrant bit-exact; no gradient is missing",
+    "deta": "hotfix removes the upstream failure (full and frozen tower: backward through the graph a second "
+    "time, decoder tensors passed by keyword; LoRA: 12 of 16 adapters get no gradient); what remains is "
+    "deformable_detr's rounding (DETA is built on it): input_proj's level-3 conv feeding a one-channel-per-group "
+    "GroupNorm up to 1.3e-3 relative, the ResNet backbone's convs before BatchNorm 1.6e-6 to 9.6e-6, in fp32 under "
+    "reentrant recomputation; in float64 all 117 agree to 4.0e-12 (4.56.2, 2026-11-24), non-reentrant "
+    "bit-exact; no gradient is missing",
+    "clvp": "an upstream call that bypasses the model's checkpoint function (4.x to 5.0; 5.23.0 passes): CLVP's "
+    "text/speech encoder and decoder loops call torch.utils.checkpoint.checkpoint(layer.__call__, ...) "
+    "directly, without use_reentrant, so torch's default (reentrant) runs whatever the user asked for; with "
+    "the base frozen no input of those layers requires grad and all 16 encoder adapters get no gradient in "
+    "every mode, upstream and with hotfix (4.56.2, 2026-11-24). hotfix's frozen-inputs fix acts on the "
+    "model's _gradient_checkpointing_func; reaching this call would mean replacing torch.utils.checkpoint"
+    ".checkpoint process-wide, and torch.compile recognises activation checkpointing by that function's "
+    "identity, so every other compiled checkpoint call would change",
     "deepseek_ocr2": "rounding, not gradient loss (LoRA): 2 of 20 adapter gradients differ by 1.3e-6 relative in "
     "fp32 under reentrant recomputation, with and without hotfix; in float64 all agree to 2.5e-15; no gradient is "
     "missing",
@@ -85,6 +99,13 @@ OUT_OF_SCOPE: Dict[str, str] = {
     "udop": _rounding("1.2e-6", "2.2e-15", "LoRA: \"a leaf Variable that requires grad is being used in an in-place "
                       "operation\", transformers-input-grads-leaf"),
     "unlimited_ocr": _rounding("1.3e-6", "2.2e-15"),
+    "t5gemma": _rounding("1.2e-6", "0 (bit-exact)", "LoRA: 24 of 24 adapters get no gradient", "4.56.2, 2026-11-24"),
+    "recurrent_gemma": "an upstream defect outside checkpointing (4.x; 5.23.0 passes): each RG-LRU block keeps its "
+    "last forward's recurrent_states, graph included, on the module and feeds it into the next forward's scan "
+    "(times zero at position 0, still in the graph), so a second training step crashes with \"Trying to backward "
+    "through the graph a second time\" without checkpointing and without hotfix (4.56.2, 2026-11-24); the "
+    "non-reentrant step is the checker's third forward on the model, after the reentrant step's recomputation left "
+    "such a state",
     "pi0": "a model that cannot train with checkpointing at all, not a lost input: PI0 hands the VLM prefix's "
     "keys/values to its action expert through the KV cache (vlm(..., use_cache=True).past_key_values), and with "
     "checkpointing on in training transformers turns caching off (its config-defaults decorator sets "

@@ -133,6 +133,7 @@ def check_model(
         [n for n, p in model.named_parameters() if p.requires_grad],
         tolerance=tolerance, floor=floor, versions=library_versions(), hotfix_active=_hotfix_active(),
         memory_limit=memory_limit, per_parameter=per_parameter,
+        without_gradient=[name for name, grad in ref_grads.items() if grad is None],
     )
 
 

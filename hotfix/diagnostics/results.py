@@ -96,6 +96,9 @@ class CheckReport:
     memory_limit: int
     # name -> mode -> "equal" | "missing" | "wrong <err>" | "unexpected"
     per_parameter: Dict[str, Dict[str, str]] = field(default_factory=dict)
+    #: trainable parameters that get no gradient even without checkpointing: their "equal" (None in
+    #: both steps) says nothing about checkpointing (adapters the model never calls, unused heads)
+    without_gradient: List[str] = field(default_factory=list)
 
     @property
     def checked_modes(self) -> List[ModeResult]:
@@ -135,7 +138,7 @@ class CheckReport:
             "model": self.model, "safe": self.safe, "verdict": self.verdict,
             "hotfix_active": self.hotfix_active, "versions": self.versions,
             "tolerance": self.tolerance, "floor": self.floor, "memory_limit": self.memory_limit,
-            "parameters": len(self.parameters),
+            "parameters": len(self.parameters), "without_gradient": list(self.without_gradient),
             "reference": self.reference.to_dict(), "modes": [m.to_dict() for m in self.modes],
         }
 
@@ -162,6 +165,9 @@ class CheckReport:
                 f"{m.mode:<14} {result:<8} {fmt_bytes(m.saved_bytes):>14} {fmt_bytes(m.peak_rss_delta):>16} "
                 f"{m.seconds:>6.1f}s  {details}"
             )
+        if self.without_gradient:
+            lines.append(f"{len(self.without_gradient)} of {len(self.parameters)} trainable parameters get no gradient "
+                         f"even without checkpointing (e.g. {self.without_gradient[0]}): nothing to compare for them")
         lines.append("* peak RSS sampled every 10 ms minus RSS at the step's start (CPU; noisy, indicative only)"
                      + ("; CUDA peaks in --json" if any(m.peak_cuda_delta for m in self.modes) else ""))
         bad = {n: s for n, s in self.per_parameter.items() if any(v != "equal" for v in s.values())}

@@ -112,3 +112,25 @@ def test_the_layer_norm_variant_switches_on_the_keyword_tensor_path():
     config = DebertaV2Config()
     sweep_families.split_variant("deberta-v2+layer_norm")[1](config)
     assert config.relative_attention and config.norm_rel_ebd == "layer_norm"
+
+
+def test_a_lora_recipe_whose_adapters_never_run_is_not_applicable_rather_than_a_vacuous_pass():
+    """VideoMAE 4.x computes q/v as F.linear(x, self.query.weight, ...): PEFT's adapters are never called,
+    so no adapter gets a gradient even without checkpointing.  "8/8 equal" (None == None) would be a pass
+    that compared nothing, and without enable_input_require_grads() the loss does not even need grad."""
+    from hotfix.diagnostics.results import CheckReport, ModeResult
+    from sweep_worker import _adapters_never_run
+
+    def report(reference, without):
+        names = ["a.lora_A.weight", "a.lora_B.weight"]
+        return CheckReport(model="M", reference=reference, modes=[], parameters=names, tolerance={}, floor=1e-3,
+                           versions={}, hotfix_active=True, memory_limit=0, without_gradient=without)
+
+    ran = ModeResult(mode="none", status="reference")
+    assert _adapters_never_run(report(ran, ["a.lora_A.weight", "a.lora_B.weight"]))
+    assert not _adapters_never_run(report(ran, ["a.lora_A.weight"]))  # one adapter runs: a real comparison
+    assert not _adapters_never_run(report(ran, []))
+    cut = ModeResult(mode="none", status="error",
+                     error="CheckerError: the loss does not require grad without checkpointing: nothing to check")
+    assert _adapters_never_run(report(cut, []))
+    assert not _adapters_never_run(report(ModeResult(mode="none", status="error", error="RuntimeError: boom"), []))

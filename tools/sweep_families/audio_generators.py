@@ -109,6 +109,19 @@ def _clvp_inputs(model, config, generator):
             "attention_mask": torch.ones(2, 8, dtype=torch.long), "return_loss": True}
 
 
+def _vits(config):
+    """Only the text encoder checkpoints; the rest of VITS (duration predictor, flows, HiFi-GAN vocoder)
+    is cost.  Its defaults (192-channel flows, a 512-channel vocoder upsampling 256x over up to
+    hundreds of predicted frames, 16 WaveNet layers) saved 0.2-0.6 GB per step and ran into the
+    sweep's time guard on a busy 2-core machine: narrower, shallower, upsampling 4x."""
+    config.flow_size = config.upsample_initial_channel = config.duration_predictor_filter_channels = 32
+    config.upsample_rates, config.upsample_kernel_sizes = [2, 2], [4, 4]
+    config.resblock_kernel_sizes, config.resblock_dilation_sizes = [3], [[1, 3]]
+    config.prior_encoder_num_flows = config.duration_predictor_num_flows = 2
+    config.prior_encoder_num_wavenet_layers = config.posterior_encoder_num_wavenet_layers = 2
+    config.depth_separable_num_layers = 2
+
+
 def _musicgen(config):
     """The model type's class (MusicgenModel) is the bare decoder stack, which reads the decoder's
     fields (dropout, num_codebooks, ...) from the config it gets, while the model type's config class
@@ -155,6 +168,7 @@ CONFIGS = {
     "kyutai_speech_to_text": _kyutai_stt,
     "dia": _dia,
     "clvp": _clvp,
+    "vits": _vits,
     "musicgen": _musicgen,
     "musicgen_melody": _musicgen,
 }
