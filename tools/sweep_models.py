@@ -5,7 +5,7 @@
                                                       # torch's and unsloth's checkpoint functions
     python tools/sweep_models.py --fast               # the CI subset (tests/test_sweep_fast.py)
     python tools/sweep_models.py --versions 4.56.2 --models bert,whisper
-    python tools/sweep_models.py --render-only        # rebuild docs/sweep.md from the results file
+    python tools/sweep_models.py --render-only        # rebuild docs/sweep.md from docs/sweep-results.jsonl
     python tools/sweep_models.py --dtype float64      # .sweep/results-float64.jsonl and .sweep/results-float64.md
                                                       # model and inputs in float64: is an fp32 difference rounding?
 
@@ -49,13 +49,17 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import List, Optional
 
+from packaging.version import Version
+
 # tools/ is this script's folder, first on sys.path when it runs
 from sweep_recipes import RECIPES
-from sweep_report import DONE, _cell, census, compact_table, function_of, load_results, recipe_of, render
+from sweep_report import (DONE, _cell, census, compact_results, compact_table, function_of, load_results, recipe_of,
+                          render)
 from sweep_worker import FUNCTION_MODES, census_main, worker_main
 
 REPO = Path(__file__).resolve().parent.parent
 MATRIX = REPO / ".matrix"
+RESULTS = REPO / "docs" / "sweep-results.jsonl"
 DEFAULT_VERSIONS = ["4.56.2", "4.57.6", "5.23.0"]
 FAST_VERSIONS = ["4.56.2"]
 # The CI subset: two models hotfix fixes, two that were never broken.
@@ -166,7 +170,7 @@ def main(argv=None) -> int:
     p.add_argument("--fast", action="store_true", help=f"CI subset: {','.join(FAST_MODELS)} on {FAST_VERSIONS}")
     p.add_argument("--versions", default=None, help="comma list (default: %s)" % ",".join(DEFAULT_VERSIONS))
     p.add_argument("--models", default="", help="comma list of model types (default: all)")
-    p.add_argument("--results", default=None, help="JSON-lines results file (default: .sweep/results.jsonl)")
+    p.add_argument("--results", default=None, help="JSON-lines results file (default: docs/sweep-results.jsonl)")
     p.add_argument("--doc", default=None, help="markdown table to write (default: docs/sweep.md)")
     p.add_argument("--fresh", action="store_true", help="ignore earlier results instead of resuming")
     p.add_argument("--render-only", action="store_true")
@@ -194,7 +198,9 @@ def main(argv=None) -> int:
     models = args.models.split(",") if args.models else (FAST_MODELS if args.fast else None)
     # --fast and float64 runs never write into the float32 results or docs/sweep.md unless told to.
     side_run = "fast" if args.fast else "results-float64" if args.dtype == "float64" else None
-    results_path = Path(args.results or REPO / ".sweep" / f"{side_run or 'results'}.jsonl")
+    # The main results are tracked (docs/sweep-results.jsonl): they are the evidence behind docs/sweep.md and a
+    # sweep takes hours, so they must outlive a checkout; side runs stay in the ignored .sweep/.
+    results_path = Path(args.results or (REPO / ".sweep" / f"{side_run}.jsonl" if side_run else RESULTS))
     doc = Path(args.doc or (REPO / ".sweep" / f"{side_run}.md" if side_run else REPO / "docs" / "sweep.md"))
     results_path.parent.mkdir(parents=True, exist_ok=True)
     if args.fresh and results_path.exists():
@@ -251,7 +257,14 @@ def main(argv=None) -> int:
         with ThreadPoolExecutor(max(1, args.jobs)) as pool:
             for future in [pool.submit(run_half, v, on, f) for v, on, f in halves]:
                 future.result()
-    summary = render(results, doc, versions, torch.__version__, recipes, functions)
+        compact_results(results_path)
+        # the page is rendered from the file as any later --render-only reads it: rows appended by this run are
+        # marked (mark_upstream_crashes) only when loaded, so the in-memory list would under-count them
+        results = load_results(results_path)
+    # every line and function the results hold, not only this run's: a run of one line must not drop the others'
+    # sections from the page (columns appear only where a function ran)
+    shown = sorted(set(versions) | {r["transformers"] for r in results}, key=Version)
+    summary = render(results, doc, shown, torch.__version__, recipes, list(FUNCTION_MODES))
     print(json.dumps(summary, indent=1))
     print(f"table: {doc}")
     return 0

@@ -17,6 +17,7 @@ def _rounding(fp32: str, float64: str, removed: str = "", measured: str = "5.23.
 
 
 _NO_ADAPTER_GRADS = "LoRA: 8 of 8 adapters get no gradient"
+_ALSO_4_57 = "5.23.0, 2026-11-23; the same on 4.57.6, 2026-11-24"  # float64 re-run there, same figure
 
 # Failures that remain with hotfix, each with its mechanism: fp32 rounding (checked with
 # `sweep_models.py --dtype float64`), or an upstream defect outside checkpointing.
@@ -26,21 +27,23 @@ OUT_OF_SCOPE: Dict[str, str] = {
     "florence2": "rounding, not gradient loss: the DaViT vision tower's gradients differ by 1.3e-6 (full) to 3.0e-6 "
     "(LoRA) relative in fp32 under reentrant recomputation, with and without hotfix, through torch's and "
     "unsloth's checkpoint function alike (at most 2.1e-6 through unsloth's); in float64 (torch's function) all 72 "
-    "LoRA gradients agree to 3.6e-15 (4.56.2) and 4.2e-15 (5.23.0), 2026-11-23; no gradient is missing",
+    "LoRA gradients agree to 3.6e-15 (4.56.2) and 4.2e-15 (5.23.0), 2026-11-23, 4.6e-15 (4.57.6, 2026-11-24); no "
+    "gradient is missing",
     "t5": "rounding, not gradient loss (5.23.0, LoRA): 4-5 of 24 adapter gradients differ by 1.4e-6 to 1.5e-6 relative "
     "in fp32 with reentrant AND non-reentrant checkpointing, with and without hotfix; in float64 all 24 agree to "
     "2.5e-15 (2026-11-23); no gradient is missing",
     "data2vec-audio": "rounding, not gradient loss: 2-3 conv feature-extractor weights differ by 1.1e-6 relative "
     "(tolerance 1e-6) under reentrant recomputation, with and without hotfix; in float64 all 69 gradients agree "
-    "to 1.5e-15 (5.23.0, 2026-11-23); no gradient is missing",
+    "to 1.5e-15 (5.23.0, 2026-11-23; 4.57.6, 2026-11-24); no gradient is missing",
     # Verified with `sweep_models.py --dtype float64` (torch's function, 5.23.0, 2026-11-23); where upstream
     # fails by a crash or missing adapters, those stay in float64: they are real, and hotfix removes them.
     "autoformer": "hotfix removes the upstream failure (full: backward through the graph a second time; LoRA: 24 "
     "of 24 adapters get no gradient); what remains is rounding: up to 1.0e-5 relative in fp32 under reentrant "
-    "recomputation, 2.2e-14 in float64 (its own .float() casts run as .double()); no gradient is missing",
+    "recomputation, 2.2e-14 in float64 (its own .float() casts run as .double(); 4.57.6: 2.3e-14, 2026-11-24); no "
+    "gradient is missing",
     "informer": "hotfix removes the upstream failure (LoRA: 24 of 24 adapters get no gradient); what remains is "
     "rounding: up to 1.9e-5 relative in fp32 under reentrant recomputation, with and without hotfix, 3.8e-14 in "
-    "float64; no gradient is missing",
+    "float64 (4.57.6: 4.6e-14 with torch's default dtype float64 too, 2026-11-24); no gradient is missing",
     "canary": "hotfix removes the upstream failure (LoRA: 8 to 24 of 24 adapters get no gradient); what remains "
     "is rounding: up to 8.7e-5 relative in fp32 under reentrant recomputation, with and without hotfix, 1.6e-13 in "
     "float64; no gradient is missing",
@@ -55,19 +58,20 @@ OUT_OF_SCOPE: Dict[str, str] = {
     "deformable_detr": "rounding on gradients that are exactly zero, not gradient loss: input_proj's level-3 conv "
     "and biases feed a GroupNorm with one channel per group (level 3 is 1x1), whose output does not depend on "
     "them; fp32 noise there (amplified ~316x by the zero-variance backward) is summed in another order by "
-    "reentrant's inner backward: 1.1e-3 relative under the whole-gradient floor in fp32; in float64 2.1e-12, "
+    "reentrant's inner backward: 1.1e-3 relative under the whole-gradient floor in fp32; in float64 2.1e-12 "
+    "(4.57.6: 3.8e-12, 2026-11-24), "
     "non-reentrant bit-exact; no gradient is missing",
     "deta": "hotfix removes the upstream failure (full and frozen tower: backward through the graph a second "
     "time, decoder tensors passed by keyword; LoRA: 12 of 16 adapters get no gradient); what remains is "
     "deformable_detr's rounding (DETA is built on it): input_proj's level-3 conv feeding a one-channel-per-group "
     "GroupNorm up to 1.3e-3 relative, the ResNet backbone's convs before BatchNorm 1.6e-6 to 9.6e-6, in fp32 under "
-    "reentrant recomputation; in float64 all 117 agree to 4.0e-12 (4.56.2, 2026-11-24), non-reentrant "
+    "reentrant recomputation; in float64 all 117 agree to 4.0e-12 (4.56.2 and 4.57.6, 2026-11-24), non-reentrant "
     "bit-exact; no gradient is missing",
     "clvp": "an upstream call that bypasses the model's checkpoint function (4.x to 5.0; 5.23.0 passes): CLVP's "
     "text/speech encoder and decoder loops call torch.utils.checkpoint.checkpoint(layer.__call__, ...) "
     "directly, without use_reentrant, so torch's default (reentrant) runs whatever the user asked for; with "
     "the base frozen no input of those layers requires grad and all 16 encoder adapters get no gradient in "
-    "every mode, upstream and with hotfix (4.56.2, 2026-11-24). hotfix's frozen-inputs fix acts on the "
+    "every mode, upstream and with hotfix (4.56.2 and 4.57.6, 2026-11-24). hotfix's frozen-inputs fix acts on the "
     "model's _gradient_checkpointing_func; reaching this call would mean replacing torch.utils.checkpoint"
     ".checkpoint process-wide, and torch.compile recognises activation checkpointing by that function's "
     "identity, so every other compiled checkpoint call would change",
@@ -83,14 +87,14 @@ OUT_OF_SCOPE: Dict[str, str] = {
     "wavlm": "hotfix removes the unpatched failure (position_bias= by keyword, history re-walked per layer: "
     "memory guard); what remains is rounding: feature_extractor.conv_layers.0.conv.weight differs by 1.02e-6 "
     "relative (tolerance 1e-6); in float64 all 57 gradients agree to 1.7e-15; no gradient is missing",
-    "moonshine": _rounding("1.8e-6", "3.5e-15", "LoRA: 72 of 72 adapters get no gradient"),
+    "moonshine": _rounding("1.8e-6", "3.5e-15", "LoRA: 72 of 72 adapters get no gradient", _ALSO_4_57),
     "moonshine_streaming": _rounding("1.1e-6", "2.8e-15", "LoRA: 24 of 24 adapters get no gradient, 8 with "
                                      "enable_input_require_grads()"),
     "nemotron3_5_asr": _rounding("1.2e-6", "2.8e-15", _NO_ADAPTER_GRADS),
     "nemotron_asr_streaming": _rounding("1.4e-6", "2.2e-15", _NO_ADAPTER_GRADS),
     "nemotron_asr_streaming_encoder": _rounding("1.2e-6", "2.6e-15", _NO_ADAPTER_GRADS),
-    "parakeet_ctc": _rounding("2.0e-5", "2.5e-14", _NO_ADAPTER_GRADS),
-    "parakeet_encoder": _rounding("7.1e-6", "1.3e-14", _NO_ADAPTER_GRADS),
+    "parakeet_ctc": _rounding("2.0e-5", "2.5e-14", _NO_ADAPTER_GRADS, _ALSO_4_57),
+    "parakeet_encoder": _rounding("7.1e-6", "1.3e-14", _NO_ADAPTER_GRADS, _ALSO_4_57),
     "parakeet_rnnt": _rounding("1.3e-5", "2.5e-14", _NO_ADAPTER_GRADS),
     "parakeet_tdt": _rounding("9.5e-6", "1.3e-14", _NO_ADAPTER_GRADS),
     "pegasus": _rounding("1.0e-6", "1.1e-15"),
@@ -103,7 +107,7 @@ OUT_OF_SCOPE: Dict[str, str] = {
     "recurrent_gemma": "an upstream defect outside checkpointing (4.x; 5.23.0 passes): each RG-LRU block keeps its "
     "last forward's recurrent_states, graph included, on the module and feeds it into the next forward's scan "
     "(times zero at position 0, still in the graph), so a second training step crashes with \"Trying to backward "
-    "through the graph a second time\" without checkpointing and without hotfix (4.56.2, 2026-11-24); the "
+    "through the graph a second time\" without checkpointing and without hotfix (4.56.2 and 4.57.6, 2026-11-24); the "
     "non-reentrant step is the checker's third forward on the model, after the reentrant step's recomputation left "
     "such a state",
     "pi0": "a model that cannot train with checkpointing at all, not a lost input: PI0 hands the VLM prefix's "
@@ -119,6 +123,30 @@ def load_results(path: Path) -> List[Dict]:
     if not path.exists():
         return []
     return mark_upstream_crashes([json.loads(line) for line in path.read_text().splitlines() if line.startswith("{")])
+
+
+def compact_results(path: Path) -> int:
+    """Rewrite the results file keeping, per cell, only the row the report uses (the last one written), and one
+    copy of each census and end marker, in the order of their last writing.  A re-run appends; the tracked file
+    would otherwise grow with every superseded row.  Returns how many rows were dropped."""
+    if not path.exists():
+        return 0
+    lines = [line for line in path.read_text().splitlines() if line.startswith("{")]
+    last: Dict[tuple, int] = {}
+    for i, line in enumerate(lines):
+        row = json.loads(line)
+        if row["model_type"].startswith("__"):
+            key = (row["model_type"], row["transformers"], bool(row.get("hotfix")), function_of(row),
+                   row.get("dtype", "float32"))
+        else:
+            key = _twin_key(row) + (bool(row.get("hotfix")),)
+        last[key] = i
+    keep = sorted(last.values())
+    if len(keep) < len(lines):
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text("".join(lines[i] + "\n" for i in keep))
+        tmp.replace(path)  # atomic: a crash here leaves the old file whole
+    return len(lines) - len(keep)
 
 
 def _twin_key(row: Dict) -> tuple:
@@ -339,11 +367,17 @@ HEADER = [
     "through every checkpoint function the sweep ran. `tools/sweep_probe.py` measures in minutes how",
     "many types the builder reaches (build + one step, no comparison).",
     "",
+    "The rows behind this page are in `docs/sweep-results.jsonl` (tracked, one JSON object per cell and half).",
+    "Rows marked `\"restored\": \"docs/sweep.md\"` were rebuilt from this page on 2026-11-24, after the",
+    "untracked raw file was lost with a checkout: they hold what the page showed (each result, its detail, the",
+    "unpatched half's failing modes and counts), not byte counts or error magnitudes; re-rendering them gives",
+    "this page unchanged.",
+    "",
     "```",
     ".venv-test/bin/python tools/sweep_models.py --jobs 2                  # 4.56.2, 4.57.6 and 5.23.0, every type, hours",
     ".venv-test/bin/python tools/sweep_models.py --models llama,whisper    # a subset",
     ".venv-test/bin/python tools/sweep_models.py --fast                    # CI subset",
-    ".venv-test/bin/python tools/sweep_models.py --render-only             # this page from .sweep/results.jsonl",
+    ".venv-test/bin/python tools/sweep_models.py --render-only             # this page from docs/sweep-results.jsonl",
     "```",
 ]
 

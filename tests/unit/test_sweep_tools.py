@@ -7,7 +7,7 @@ tooling and quoted in the README, so what counts as "checked" is pinned here.
 from __future__ import annotations
 
 import sweep_families
-from sweep_report import coverage, mark_upstream_crashes, render
+from sweep_report import compact_results, coverage, load_results, mark_upstream_crashes, render
 
 
 def test_family_tables_load_once_each_type_in_one_module():
@@ -93,6 +93,30 @@ def test_an_upstream_crash_of_the_step_without_checkpointing_that_hotfix_removes
     git_row = next(line for line in doc.read_text().splitlines() if line.startswith("| git |"))
     assert "**FAIL** → pass" in git_row and "without checkpointing: crash (a leaf Variable" in git_row, git_row
     assert "fixed by hotfix" in git_row, git_row
+
+
+def test_compacting_the_results_keeps_what_the_report_uses_and_drops_only_superseded_rows(tmp_path):
+    import json
+
+    results = [{"model_type": "__census__", "transformers": "5.23.0", "checkpointable": ["llama", "bert"]}]
+    _rows("torch", results)
+    _rows("torch", results, model_type="bert")
+    for row in [r for r in results if r.get("model_type") == "bert" and r.get("recipe") == "lora"]:
+        results.append(dict(row, result="could-not-run", detail="first try"))  # superseded below
+    _rows("torch", results, model_type="bert")  # a re-run of bert: these rows win
+    results += [{"model_type": "__done__", "result": "marker", "transformers": "5.23.0", "hotfix": on,
+                 "function": "torch"} for on in (False, True, False)]
+    path = tmp_path / "results.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in results))
+    before = tmp_path / "before.md"
+    render(load_results(path), before, ["5.23.0"], "2.13.0")
+    assert compact_results(path) == 8 + 2 + 1  # bert's first run, its superseded lora rows, a repeated marker
+    after = tmp_path / "after.md"
+    kept = load_results(path)
+    render(kept, after, ["5.23.0"], "2.13.0")
+    assert after.read_text() == before.read_text() and "coverage 5.23.0: 2/2" in after.read_text()
+    assert len(kept) == 1 + 8 + 8 + 2 and not any(r.get("detail") == "first try" for r in kept)
+    assert compact_results(path) == 0  # already compact: the file is left as it is
 
 
 def test_variants_are_extra_rows_of_their_type_never_types_of_the_census():
