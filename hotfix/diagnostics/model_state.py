@@ -11,7 +11,9 @@ from __future__ import annotations
 import random
 import sys
 
-_CKPT_ATTRS = ("gradient_checkpointing", "_gradient_checkpointing_func", "_require_grads_hook")
+# transformers 5.x's gradient_checkpointing_enable() calls enable_input_require_grads(), which stores its
+# handles as _require_grads_hooks (a list) besides 4.x's _require_grads_hook: both go back with the hooks.
+_CKPT_ATTRS = ("gradient_checkpointing", "_gradient_checkpointing_func", "_require_grads_hook", "_require_grads_hooks")
 # Marks that say "my hooks are installed": restored with the hooks, or a model left marked but unhooked
 # never installs them again.  transformers 5.x installs its hidden-state capture hooks on the first forward
 # that asks for hidden states and marks the model; restored away, the next forward captured nothing

@@ -128,6 +128,29 @@ def test_restores_model_state():
     assert report.safe and model.gradient_checkpointing is True and model.__dict__["_gradient_checkpointing_func"] is fn
 
 
+class _InputGradsToy(_Toy):
+    """5.x's gradient_checkpointing_enable(): it also hooks the input embeddings and keeps the handles both as
+    ``_require_grads_hooks`` (a list) and, for old callers, ``_require_grads_hook``."""
+
+    def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs=None):
+        super().gradient_checkpointing_enable(gradient_checkpointing_kwargs)
+        hooks = [self.context.register_forward_hook(lambda module, args, output: output.requires_grad_(True))]
+        self._require_grads_hooks, self._require_grads_hook = hooks, hooks[0]
+
+
+def test_a_check_leaves_no_input_grads_handles_behind():
+    from hotfix.checker import check_model
+
+    model, x = _InputGradsToy(), torch.randn(4, 8)
+    check_model(model, x, modes=["non-reentrant"])
+    assert not model.context._forward_hooks  # the hook is gone, and with it both names of its handles
+    assert "_require_grads_hooks" not in vars(model) and "_require_grads_hook" not in vars(model)
+    model.gradient_checkpointing_enable()
+    handles = model._require_grads_hooks
+    check_model(model, x, modes=["non-reentrant"])
+    assert model._require_grads_hooks is handles and len(model.context._forward_hooks) == 1  # as before the check
+
+
 def test_not_supported_and_float64_tolerance():
     from hotfix.checker import check_model
 
