@@ -38,6 +38,7 @@ stopped) and the table to ``--doc`` (docs/sweep.md).
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import queue
 import subprocess
@@ -239,6 +240,7 @@ def main(argv=None) -> int:
             done = {t for t, got in have.items() if set(recipes) <= got}
 
             def sink(row):
+                row["date"] = datetime.date.today().isoformat()
                 row["hotfix"] = bool(row.get("hotfix", hotfix_on))
                 row["function"] = function
                 if args.dtype != "float32":  # rows without the key are float32, as before the option

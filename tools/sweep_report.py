@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
 from pathlib import Path
 from typing import Dict, List, Optional
@@ -244,6 +243,18 @@ def _note(model_type: str, pairs: Dict[str, tuple]) -> str:
     return "<br>".join(notes)
 
 
+def _when(rows: List[Dict], torch_version: str) -> str:
+    """When and with which torch a line's rows ran, as the rows record it (``date`` and ``torch``, written by
+    each run since 2026-11-24), not the day the page was rendered."""
+    dates = sorted({r["date"] for r in rows if r.get("date")})
+    torches = sorted({r["torch"] for r in rows if r.get("torch")}) or [torch_version]
+    parts = [f"run {dates[0]}" + (f" to {dates[-1]}" if len(dates) > 1 else "")] if dates else []
+    restored = sum(1 for r in rows if r.get("restored"))
+    if restored:
+        parts.append(f"{restored} of {len(rows)} rows restored from an earlier page (their run dates not recorded)")
+    return "; ".join(parts or ["run date not recorded"]) + f"; torch {', '.join(torches)}"
+
+
 def census(results: List[Dict], version: str) -> Optional[Dict]:
     rows = [r for r in results if r["model_type"] == "__census__" and r["transformers"] == version]
     return rows[-1] if rows else None
@@ -277,7 +288,6 @@ def render(results: List[Dict], doc: Path, versions: List[str], torch_version: s
             index[(row["transformers"], row["model_type"], recipe_of(row), bool(row.get("hotfix")),
                    function_of(row))] = row
     columns = [(r, f) for f in functions for r in recipes]
-    today = _dt.date.today().isoformat()
     lines = HEADER + [""]
     summary = {}
     for version in versions:
@@ -294,7 +304,8 @@ def render(results: List[Dict], doc: Path, versions: List[str], torch_version: s
         state = "complete" if finished else "INCOMPLETE (the sweep did not finish; rows below are what ran)"
         if cov["census"] and len(types) < len(cov["checkpointable"]):
             state += f" for the {len(types)} model types below (a subset: `--models`)"
-        lines += [f"## transformers {version} — run {today}, torch {torch_version}, CPU — {state}", "",
+        rows = [r for r in results if r["transformers"] == version and not r["model_type"].startswith("__")]
+        lines += [f"## transformers {version} — {_when(rows, torch_version)}, CPU — {state}", "",
                   f"coverage {version}: {len(cov['checked'])}/{len(cov['checkpointable'])} model types", "",
                   f"(checkpoint functions run on this line, each required for a type to count as checked: "
                   f"{', '.join(ran)})", ""]

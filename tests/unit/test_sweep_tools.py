@@ -119,6 +119,20 @@ def test_compacting_the_results_keeps_what_the_report_uses_and_drops_only_supers
     assert compact_results(path) == 0  # already compact: the file is left as it is
 
 
+def test_a_line_heading_says_when_its_rows_ran_not_when_the_page_was_rendered(tmp_path):
+    results = [{"model_type": "__census__", "transformers": "5.23.0", "checkpointable": ["llama", "bert"]}]
+    _rows("torch", results)
+    _rows("torch", results, model_type="bert")
+    for i, row in enumerate(results[1:]):
+        row.update({"date": "2026-11-2%d" % (i % 2), "torch": "2.13.0+cpu"} if row["model_type"] == "llama"
+                   else {"restored": "docs/sweep.md"})
+    doc = tmp_path / "sweep.md"
+    render(results, doc, ["5.23.0"], "9.9.9")
+    heading = next(line for line in doc.read_text().splitlines() if line.startswith("## transformers 5.23.0"))
+    assert heading.startswith("## transformers 5.23.0 — run 2026-11-20 to 2026-11-21; 8 of 16 rows restored from an "
+                              "earlier page (their run dates not recorded); torch 2.13.0+cpu, CPU — "), heading
+
+
 def test_variants_are_extra_rows_of_their_type_never_types_of_the_census():
     from sweep_worker import _model_types
 
