@@ -1,5 +1,9 @@
-"""CPU self-test of the GPU kit (scripts/gpu/, docs/gpu.md), so it cannot rot while no GPU is lent.
+"""CPU self-test of the GPU kit (scripts/gpu/, tools/gpu/, docs/gpu.md), so it cannot rot while no GPU is lent.
 
+* the real ``scripts/gpu/build-carry`` into a temporary folder (it needs only PyPI), and
+  ``scripts/gpu/run --dry-run`` on what it built: every step of the GPU run (installs from
+  the carry, environment, the GPU tests' collection, the benchmark's plan, the report) with
+  only the GPU-only parts stubbed;
 * the carry builder's size check: working tree + carried folder against 64 MiB;
 * the runner's whole orchestration (``scripts/gpu/run --cpu-selftest``): every
   benchmark variant in its own interpreter on a tiny Whisper, on this CPU, the
@@ -17,7 +21,7 @@ import sys
 
 from conftest import REPO, clean_env, matrix_path
 
-sys.path.insert(0, str(REPO / "scripts" / "gpu"))
+sys.path.insert(0, str(REPO / "tools" / "gpu"))
 import carry_size  # noqa: E402
 
 
@@ -39,6 +43,43 @@ def test_carry_size_counts_tree_and_carry_against_the_limit(tmp_path):
         handle.truncate(21 << 20)
     assert carry_size.check(str(tmp_path), str(tmp_path / ".whl"))[2] is False  # 65 MiB > 64
     assert carry_size.main([str(tmp_path / ".whl"), "--root", str(tmp_path)]) == 1
+
+
+def _matrix_zoo_releases():
+    return [line.split()[1] for line in (REPO / "tests" / "matrix.txt").read_text().splitlines()
+            if line.split()[:1] == ["unsloth-zoo"]]
+
+
+def test_build_carry_then_dry_run_takes_every_step_of_the_gpu_run(tmp_path):
+    carry = tmp_path / "carry"
+    env = clean_env({"PYTHON": sys.executable})
+    built = subprocess.run(["bash", str(REPO / "scripts" / "gpu" / "build-carry"), str(carry)], env=env,
+                           cwd=str(REPO), capture_output=True, text=True, timeout=600)
+    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+    names = sorted(path.name for path in carry.iterdir())
+    for prefix in ["hotfix_checkpoint-", "transformers-4.56.2-", "tokenizers-", "huggingface_hub-"] + [
+            f"unsloth_zoo-{version}-" for version in _matrix_zoo_releases()]:
+        assert any(name.startswith(prefix) and name.endswith(".whl") for name in names), (prefix, names)
+    tree, carried, fits = carry_size.check(str(REPO), str(carry))
+    assert fits and "fits" in built.stdout, (tree, carried)
+
+    out, site = tmp_path / "out", tmp_path / "site"
+    env.update(OUT=str(out), HOTFIX_GPU_CARRY=str(carry), HOTFIX_GPU_SITE=str(site), OMP_NUM_THREADS="1")
+    proc = subprocess.run(["bash", str(REPO / "scripts" / "gpu" / "run"), "--dry-run"], env=env, cwd=str(REPO),
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    # every install the GPU run makes, from the carry, into private folders
+    assert (site / "hotfix" / "hotfix" / "__init__.py").is_file()
+    assert (site / "transformers-4.56.2" / "transformers" / "__init__.py").is_file()
+    for version in _matrix_zoo_releases():
+        assert (site / f"unsloth-zoo-{version}" / "unsloth_zoo" / "gradient_checkpointing.py").is_file(), version
+    # the GPU tests import and collect; every benchmark variant finds what it needs; the report renders
+    collected = (out / "gpu-tests-collected.txt").read_text()
+    assert "tests collected" in collected and "error" not in collected.lower(), collected
+    results = json.loads((out / "results.json").read_text())
+    statuses = {row["variant"]: row["status"] for row in results["bench"]["rows"]}
+    assert statuses and set(statuses.values()) == {"planned"}, statuses
+    assert "## Benchmark" in (out / "report.md").read_text()
 
 
 def test_runner_orchestration_on_cpu(tmp_path):

@@ -3,7 +3,7 @@
 Marker ``gpu``: skipped without CUDA (CI never has one).  Run by the GPU kit
 (``bash scripts/gpu/run``, docs/gpu.md), which installs transformers 4.56.2 and
 each release into private folders and names them in HOTFIX_GPU_TRANSFORMERS /
-HOTFIX_GPU_SITE.  Each case is a fresh interpreter (scripts/gpu/whisper_steps.py):
+HOTFIX_GPU_SITE.  Each case is a fresh interpreter (tools/gpu/whisper_steps.py):
 the release's real ``gradient_checkpointing.py`` with its real CUDA layer
 (``patch_unsloth_smart_gradient_checkpointing()``: its own pinned buffers and
 streams), a Whisper with 30 s inputs (encoder activations above the 2 MiB
@@ -32,7 +32,7 @@ from conftest import CRASH, REPO, matrix_versions
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
-STEPS = REPO / "scripts" / "gpu" / "whisper_steps.py"
+STEPS = REPO / "tools" / "gpu" / "whisper_steps.py"
 
 
 def _zoo_dir(version):

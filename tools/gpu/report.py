@@ -1,9 +1,9 @@
 """Turn a GPU-kit run's files in OUT into results.json and report.md (ratios from one run).
 
-    python scripts/gpu/report.py OUT
+    python tools/gpu/report.py OUT
 
-Reads OUT/environment.json (scripts/gpu/environment.py), OUT/gpu-tests.xml
-(pytest's junit file) and OUT/bench.json (scripts/gpu/bench.py).  The three
+Reads OUT/environment.json (tools/gpu/environment.py), OUT/gpu-tests.xml
+(pytest's junit file) and OUT/bench.json (tools/gpu/bench.py).  The three
 targets of issue 10 are reported, never asserted:
   step-1 peak, hotfix + 2025.11.3 / upstream 2025.11.5     target: within 2 %
   steady peak, hotfix / use_reentrant=False, largest common batch   target: <= 0.8

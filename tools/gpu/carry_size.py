@@ -1,6 +1,6 @@
 """How much a device call carries: the working tree that travels plus the carried folder (limit 64 MiB).
 
-    python scripts/gpu/carry_size.py CARRY_DIR [--limit-mib 64]
+    python tools/gpu/carry_size.py CARRY_DIR [--limit-mib 64]
 
 What travels is every file git tracks plus untracked files it does not
 ignore, and the carried folder.  Exits 1 (and says so) when over the limit.

@@ -1,6 +1,6 @@
 """One variant of the GPU kit: Whisper training steps, measured, in a fresh interpreter.
 
-    python scripts/gpu/whisper_steps.py --mode unsloth --zoo DIR --dims test --dtype float32 \
+    python tools/gpu/whisper_steps.py --mode unsloth --zoo DIR --dims test --dtype float32 \
         --batches 2 --steps 3 --compare
 
 Prints one JSON line per batch size: status (ok / crash / oom / skipped), peak

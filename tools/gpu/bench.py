@@ -1,8 +1,8 @@
 """GPU benchmark of the kit: Whisper (large-v3 dimensions by default, LoRA r=64 on q/v, bf16).
 
-Every variant runs in its own interpreter (scripts/gpu/whisper_steps.py), one
+Every variant runs in its own interpreter (tools/gpu/whisper_steps.py), one
 after the other, within a time budget; results go to one JSON file that
-scripts/gpu/report.py turns into ratios.  Variants (issue 10):
+tools/gpu/report.py turns into ratios.  Variants (issue 10):
 
   none                 no checkpointing                                     hotfix off
   non-reentrant        use_reentrant=False (the forum workaround)           hotfix off
@@ -39,17 +39,37 @@ VARIANTS = [
 ]
 
 
+def variant_command(mode, zoo, args, time_budget):
+    cmd = [sys.executable, STEPS, "--mode", mode, "--dims", args.dims, "--dtype", args.dtype, "--device", args.device,
+           "--batches", args.batches, "--steps", str(args.steps), "--lora", str(args.lora),
+           "--compare-batches", args.batches.split(",")[0],  # correctness at the first batch size
+           "--time-budget", str(time_budget)]
+    if zoo:
+        cmd += ["--zoo", args.zoo[zoo]]
+    return cmd
+
+
+def plan_variant(name, mode, zoo, carried_transformers, args):
+    """What a variant would run, and whether what it needs is there (``--dry-run``: the GPU-only part stubbed)."""
+    row = {"variant": name, "status": "planned",
+           "command": variant_command(mode, zoo, args, args.per_variant)}
+    needed = [STEPS]
+    if zoo:
+        needed.append(os.path.join(args.zoo[zoo], "unsloth_zoo", "gradient_checkpointing.py"))
+    if carried_transformers and args.transformers:
+        needed.append(os.path.join(args.transformers, "transformers", "__init__.py"))
+    missing = [path for path in needed if not os.path.isfile(path)]
+    if missing:
+        row.update(status="missing", error="not found: " + ", ".join(missing))
+    return row
+
+
 def run_variant(name, mode, zoo, extra_env, carried_transformers, args, deadline):
     env = {k: v for k, v in os.environ.items() if not k.startswith("HOTFIX_")}
     env.update(extra_env)
     paths = [args.transformers] if carried_transformers and args.transformers else []
     env["PYTHONPATH"] = os.pathsep.join(paths + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
-    cmd = [sys.executable, STEPS, "--mode", mode, "--dims", args.dims, "--dtype", args.dtype, "--device", args.device,
-           "--batches", args.batches, "--steps", str(args.steps), "--lora", str(args.lora),
-           "--compare-batches", args.batches.split(",")[0],  # correctness at the first batch size
-           "--time-budget", str(max(30.0, min(args.per_variant, deadline - time.monotonic())))]
-    if zoo:
-        cmd += ["--zoo", args.zoo[zoo]]
+    cmd = variant_command(mode, zoo, args, max(30.0, min(args.per_variant, deadline - time.monotonic())))
     left = deadline - time.monotonic()
     if left < 30:
         return [{"variant": name, "status": "skipped", "error": "benchmark time budget used up"}]
@@ -78,6 +98,8 @@ def main(argv=None):
     p.add_argument("--budget", type=float, default=420.0, help="seconds for all variants together")
     p.add_argument("--per-variant", type=float, default=150.0)
     p.add_argument("--only", default=None, help="comma list of variant names")
+    p.add_argument("--dry-run", action="store_true",
+                   help="run nothing: check each variant's inputs exist and record the command it would run")
     args = p.parse_args(argv)
     args.zoo = dict(item.split("=", 1) for item in args.zoo)
     deadline = time.monotonic() + args.budget
@@ -86,7 +108,14 @@ def main(argv=None):
         if args.only and name not in args.only.split(","):
             continue
         if zoo and zoo not in args.zoo:
-            rows.append({"variant": name, "status": "skipped", "error": f"unsloth-zoo {zoo} not carried"})
+            # A dry run fails on it: the real run would silently skip the variant.
+            rows.append({"variant": name, "status": "missing" if args.dry_run else "skipped",
+                         "error": f"unsloth-zoo {zoo} not carried"})
+            continue
+        if args.dry_run:
+            rows.append(plan_variant(name, mode, zoo, carried, args))
+            print(f"bench (dry run): {name}: {rows[-1]['status']}" + (f" ({rows[-1]['error']})" if "error" in rows[-1]
+                                                                       else ""), flush=True)
             continue
         started = time.monotonic()
         found = run_variant(name, mode, zoo, env, carried, args, deadline)
@@ -96,7 +125,7 @@ def main(argv=None):
         print(f"bench: {name}: " + ", ".join(f"b{r.get('batch')} {r['status']}" for r in found), flush=True)
     with open(args.out, "w") as handle:
         json.dump({"settings": {k: v for k, v in vars(args).items() if k != "out"}, "rows": rows}, handle, indent=1)
-    return 0
+    return 1 if any(row["status"] == "missing" for row in rows) else 0
 
 
 if __name__ == "__main__":
