@@ -89,13 +89,8 @@ def parse_log_level(raw: Optional[str]) -> Optional[str]:
 
 def read_settings(environ: Optional[Mapping[str, str]] = None) -> Settings:
     env = os.environ if environ is None else environ
-    level = parse_log_level(env.get(LOG_LEVEL_VAR))
-    if level is not None:
-        from hotfix.notice import attach_stderr_handler  # visible without any logging setup
-
-        attach_stderr_handler(level)
     return Settings(
         disabled=parse_disable(env.get(DISABLE_VAR)),
         disabled_patches=parse_patch_list(env.get(DISABLED_PATCHES_VAR)),
-        log_level=level,
+        log_level=parse_log_level(env.get(LOG_LEVEL_VAR)),
     )

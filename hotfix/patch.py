@@ -13,12 +13,14 @@ exception in the user's program.
 from __future__ import annotations
 
 import logging
+import sys
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import wrapt
 
+from hotfix.notice import repair_notice
 from hotfix.versions import reader, version_in_range
 
 logger = logging.getLogger("hotfix")
@@ -34,15 +36,58 @@ class Verdict:
     reason: str
 
 
+@dataclass(frozen=True)
+class Mechanism:
+    """One way a fix's bug shows, and the releases that have it: declared data, read without importing torch.
+
+    ``affected`` maps each distribution to a PEP 440 specifier set (every entry
+    must match); ``fixed_in`` is the first release without it (None: none yet).
+    The census (tools/census/) measures every release line against these.
+    """
+
+    name: str
+    affected: Mapping[str, str] = field(default_factory=dict)
+    fixed_in: Optional[str] = None
+    summary: str = ""
+
+
+def check_range(affected: Mapping[str, str]) -> Verdict:
+    """Are the installed versions inside ``affected`` (distribution -> specifier set, every entry)?"""
+    parts, unknown = [], []
+    for dist, spec in affected.items():
+        evidence = reader.evidence(dist)
+        if not evidence.found:
+            return Verdict(False, f"{dist} is not installed")
+        version = evidence.version
+        note = f" ({evidence.problem()})" if evidence.problem() else ""
+        if version is None:
+            unknown.append(f"{dist} version unknown{note}")
+            continue
+        inside = version_in_range(version, spec)
+        if inside is None:
+            return Verdict(False, f"the affected range {spec!r} of {dist} is not a valid specifier")
+        if not inside:
+            return Verdict(False, f"{dist} {version} is outside the affected range {spec}{note}")
+        parts.append(f"{dist} {version} is in the affected range {spec}{note}")
+    if unknown:
+        parts.append("; ".join(unknown) + ": applied where the target's code has the affected shape (drift check)")
+    return Verdict(True, "; ".join(parts) or "no version constraint")
+
+
 class Patch:
     """One fix: what it targets, where it is needed, and how to apply it."""
 
     #: short, stable, dash-separated; used by HOTFIX_DISABLED_PATCHES
     name: str = ""
+    #: former names, still accepted by HOTFIX_DISABLED_PATCHES (with a deprecation warning)
+    aliases: Tuple[str, ...] = ()
     #: modules whose import triggers ``_apply(module)`` (once per module)
     targets: Tuple[str, ...] = ()
-    #: distribution -> PEP 440 specifier set; every entry must match
+    #: distribution -> PEP 440 specifier set; every entry must match.  Optional where
+    #: ``mechanisms`` are declared: the patch then belongs wherever one of them does.
     affected: Mapping[str, str] = {}
+    #: the mechanisms it repairs, each with its own affected range (data; see Mechanism)
+    mechanisms: Tuple[Mechanism, ...] = ()
     #: one line a user would recognise (the error text they search for)
     symptom: str = ""
     #: optional: which models / call shapes it covers and how (``hotfix status`` "covers:")
@@ -60,6 +105,7 @@ class Patch:
         # applying again to the same objects (importlib.reload of a target
         # that re-imports unchanged objects) never wraps a wrapper.
         self._installed: Dict[Tuple[int, str], Any] = {}
+        self._warned: set = set()
         self.last_error: Optional[str] = None
 
     # -- what a concrete patch writes ------------------------------------
@@ -113,35 +159,57 @@ class Patch:
         _, _, original = wrapt.resolve_path(owner, attribute)
         return self.replace(owner, attribute, wrapt.FunctionWrapper(original, wrapper))
 
+    def repaired(self, what: str) -> None:
+        """Tell the user, once per process, that this fix changed a call (``hotfix.notice``).
+
+        Cheap after the first time (one attribute read), and silent while
+        torch.compile traces: a write to stderr there would be a graph break.
+        """
+        if repair_notice.said:
+            return
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.compiler.is_compiling():
+            return
+        repair_notice.say(self.name, what, self.upstream)
+
+    def warn_once(self, key: Any, message: str) -> None:
+        """One warning line per ``key`` for the life of this patch object (a case it cannot repair, say)."""
+        with self._lock:
+            if key in self._warned:
+                return
+            self._warned.add(key)
+        logger.warning("hotfix: %s: %s", self.name, message)
+
     # -- public API (owns the checks) -----------------------------------
     def check(self) -> Verdict:
         """Does this patch belong here?  Decided from the installed versions.
 
-        Each version comes from the metadata and the imported module's
-        ``__version__`` (``hotfix.versions``).  Where neither gives one that
-        parses, the version cannot rule the patch out: the verdict says so and
-        :meth:`apply` lets the drift check, which reads the target's actual
-        code, decide.
+        With ``mechanisms`` declared, it belongs where any of them is in range
+        (the verdict names them); otherwise ``affected`` decides.  Each version
+        comes from the metadata and the imported module's ``__version__``
+        (``hotfix.versions``).  Where neither gives one that parses, the version
+        cannot rule the patch out: the verdict says so and :meth:`apply` lets
+        the drift check, which reads the target's actual code, decide.
         """
-        parts, unknown = [], []
-        for dist, spec in self.affected.items():
-            evidence = reader.evidence(dist)
-            if not evidence.found:
-                return Verdict(False, f"{dist} is not installed")
-            version = evidence.version
-            note = f" ({evidence.problem()})" if evidence.problem() else ""
-            if version is None:
-                unknown.append(f"{dist} version unknown{note}")
-                continue
-            inside = version_in_range(version, spec)
-            if inside is None:
-                return Verdict(False, f"the affected range {spec!r} of {dist} is not a valid specifier")
-            if not inside:
-                return Verdict(False, f"{dist} {version} is outside the affected range {spec}{note}")
-            parts.append(f"{dist} {version} is in the affected range {spec}{note}")
-        if unknown:
-            parts.append("; ".join(unknown) + ": applied where the target's code has the affected shape (drift check)")
-        return Verdict(True, "; ".join(parts) or "no version constraint")
+        if not self.mechanisms:
+            return check_range(self.affected)
+        verdicts = [(mechanism.name, check_range(mechanism.affected)) for mechanism in self.mechanisms]
+        inside = [f"{name}: {verdict.reason}" for name, verdict in verdicts if verdict.applies]
+        if inside:
+            return Verdict(True, "; ".join(inside))
+        return Verdict(False, "; ".join(f"{name}: {verdict.reason}" for name, verdict in verdicts))
+
+    def mechanisms_here(self) -> Tuple[Mechanism, ...]:
+        """The declared mechanisms whose affected range holds the installed versions."""
+        return tuple(m for m in self.mechanisms if check_range(m.affected).applies)
+
+    @property
+    def distributions(self) -> Tuple[str, ...]:
+        """Every distribution a range of this patch names."""
+        names = dict.fromkeys(self.affected)
+        for mechanism in self.mechanisms:
+            names.update(dict.fromkeys(mechanism.affected))
+        return tuple(names)
 
     @property
     def applied(self) -> bool:
@@ -164,7 +232,7 @@ class Patch:
                 if not reloaded:
                     return True
                 self._applied_targets.remove(name)
-            for dist in self.affected:
+            for dist in self.distributions:
                 reader.warn_once(reader.evidence(dist))  # odd or disagreeing versions: one line per library
             verdict = self.check()
             if not verdict.applies:

@@ -24,6 +24,7 @@ import wrapt
 
 from hotfix.config import DISABLED_PATCHES_VAR, Settings, normalize_patch_name, read_settings
 from hotfix import checkout, reload_watch
+from hotfix.notice import attach_stderr_handler
 from hotfix.patch import Patch
 
 logger = logging.getLogger("hotfix")
@@ -97,6 +98,8 @@ class Registry:
             if self.active:
                 return True
             self.settings = read_settings()
+            if self.settings.log_level is not None:
+                attach_stderr_handler(self.settings.log_level)  # visible without any logging setup
             if self.settings.disabled:
                 logger.info("hotfix: disabled by environment; no patch attached")
                 return False

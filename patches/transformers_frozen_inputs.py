@@ -74,7 +74,6 @@ import functools
 from typing import Any, Optional
 
 from hotfix.patches._checkpoint_slot import ATTRIBUTE, CheckpointFunctionSlot, code_objects
-from hotfix.notice import repair_notice
 from hotfix.patch import Patch
 
 SETTER = "_set_gradient_checkpointing"
@@ -125,10 +124,7 @@ def _checkpoint_with_anchor(wrapped, instance, args, kwargs):
     if layer is None or not layer.training or not any(p.requires_grad for p in layer.parameters()):
         return wrapped(*args, **kwargs)
 
-    if not repair_notice.said:
-        repair_notice.say(TransformersFrozenInputs.name,
-                          "a layer with trainable parameters and no input needing grad is recomputed",
-                          TransformersFrozenInputs.upstream)
+    patch.repaired("a layer with trainable parameters and no input needing grad is recomputed")
     device = next((t.device for t in inputs if isinstance(t, torch.Tensor)), None)
     anchor = torch.empty(0, device=device, requires_grad=True)
     n_inputs = len(inputs)

@@ -67,7 +67,6 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterator, Optional
 
-from hotfix.notice import repair_notice
 from hotfix.patch import Patch
 from hotfix.patches._checkpoint_slot import code_objects
 
@@ -83,7 +82,6 @@ def _non_leaf_hook(upstream_hook: Any, applied: Callable[[], bool]) -> Callable:
     ``FunctionWrapper`` (a graph break per forward).
     """
     import torch
-    from torch.compiler import is_compiling
 
     def hook(module, inputs, output):
         if type(output) in (tuple, list) and applied():
@@ -93,9 +91,7 @@ def _non_leaf_hook(upstream_hook: Any, applied: Callable[[], bool]) -> Callable:
             return result
         if not (output.is_leaf and output.requires_grad and torch.is_grad_enabled()):
             return result
-        if not repair_notice.said and not is_compiling():
-            repair_notice.say(TransformersInputGradsLeaf.name, "the input embeddings' output is handed on as a "
-                              "copy the model may change in place", TransformersInputGradsLeaf.upstream)
+        patch.repaired("the input embeddings' output is handed on as a copy the model may change in place")
         return output.clone()
 
     hook.__wrapped__ = upstream_hook
@@ -106,7 +102,6 @@ def _tuple_output(output: Any) -> Any:
     """What upstream's hook means for embeddings that return ``(embeddings, sizes...)``: every floating-point
     tensor in the tuple requires grad, handed on as a copy where that made it a leaf (None: nothing to change)."""
     import torch
-    from torch.compiler import is_compiling
 
     items, copied = list(output), False
     for index, item in enumerate(items):
@@ -116,10 +111,9 @@ def _tuple_output(output: Any) -> Any:
             item.requires_grad_(True)
         if item.is_leaf and torch.is_grad_enabled():
             items[index], copied = item.clone(), True
-    if copied and not repair_notice.said and not is_compiling():
-        repair_notice.say(TransformersInputGradsLeaf.name, "the input embeddings return a tuple; its tensors are "
-                          "made to require grad (upstream's hook calls requires_grad_ on the tuple)",
-                          TransformersInputGradsLeaf.upstream)
+    if copied:
+        patch.repaired("the input embeddings return a tuple; its tensors are made to require grad "
+                       "(upstream's hook calls requires_grad_ on the tuple)")
     return type(output)(items) if copied else None
 
 

@@ -74,7 +74,6 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from hotfix.patches._checkpoint_slot import ATTRIBUTE, CheckpointFunctionSlot, code_objects
-from hotfix.notice import repair_notice
 from hotfix.patch import Patch
 
 
@@ -97,9 +96,7 @@ def _checkpoint_with_lifted_inputs(wrapped, instance, args, kwargs):
         writes, function, inputs = watched
     lifted = lift_closure_tensors(function, inputs)
     if lifted is not None:
-        if not repair_notice.said:
-            repair_notice.say(TransformersKeywordTensors.name, "tensors passed by keyword became checkpoint inputs",
-                              TransformersKeywordTensors.upstream)
+        patch.repaired("tensors passed by keyword became checkpoint inputs")
         function, inputs = lifted
     if not reentrant:
         return wrapped(function, *inputs, **kwargs)
@@ -107,16 +104,13 @@ def _checkpoint_with_lifted_inputs(wrapped, instance, args, kwargs):
     result = wrapped(outputs, *inputs, **kwargs)
     outputs.watch_unused(result)
     result = outputs.rebuild(result)
-    if outputs.nested and not repair_notice.said:
-        repair_notice.say(TransformersKeywordTensors.name, "tensors nested in a layer's output or stored into a "
-                          "shared mapping became checkpoint outputs", TransformersKeywordTensors.upstream)
+    if outputs.nested:
+        patch.repaired("tensors nested in a layer's output or stored into a shared mapping became checkpoint outputs")
     return result
 
 
 def _notice_unused_outputs() -> None:
-    if not repair_notice.said:
-        repair_notice.say(TransformersKeywordTensors.name, "a layer output the loss does not use gets no gradient, "
-                          "not zeros", TransformersKeywordTensors.upstream)
+    patch.repaired("a layer output the loss does not use gets no gradient, not zeros")
 
 
 def calls_checkpoint_with_partial(layer_class: type) -> bool:

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from hotfix.notice import repair_notice
 from hotfix.patch import Patch
 from hotfix.patches._unsloth_checkpoint_shape import CLASS_NAME, checkpoint_function_drift
 
@@ -49,9 +48,7 @@ def _apply_with_lifted_inputs(wrapped, instance, args, kwargs):
 
         lifted = lift_closure_tensors(args[0], args[2:])
         if lifted is not None:
-            if not repair_notice.said:
-                repair_notice.say(UnslothZooClosureTensors.name, "tensors bound in a partial became checkpoint inputs",
-                                  UnslothZooClosureTensors.upstream)
+            patch.repaired("tensors bound in a partial became checkpoint inputs")
             function, inputs = lifted
             return wrapped(function, args[1], *inputs)
     return wrapped(*args, **kwargs)
