@@ -74,7 +74,7 @@ import functools
 from typing import Any, Optional
 
 from hotfix.patches._checkpoint_slot import ATTRIBUTE, CheckpointFunctionSlot, code_objects
-from hotfix.patch import Patch
+from hotfix.patch import Mechanism, Patch
 
 SETTER = "_set_gradient_checkpointing"
 
@@ -144,6 +144,11 @@ class TransformersFrozenInputs(Patch):
     # 5.x's enable_input_require_grads() hooks every sub-model, but without it, or with
     # use_reentrant=True forced (unsloth-zoo on 5.x), 5.x loses the same gradients.
     affected = {"transformers": ">=4.35.0"}
+    mechanisms = (
+        Mechanism("frozen-layer-inputs", {"transformers": ">=4.35.0"},
+                  summary="a reentrant checkpointed layer with trainable parameters and no input needing grad "
+                          "(Whisper + LoRA: encoder adapters without gradient)"),
+    )
     symptom = (
         "Parameters silently get no gradient with gradient checkpointing (use_reentrant=True) "
         "when no input of a checkpointed layer requires grad - Whisper + LoRA: encoder adapters never train"

@@ -67,7 +67,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterator, Optional
 
-from hotfix.patch import Patch
+from hotfix.patch import Mechanism, Patch
 from hotfix.patches._checkpoint_slot import code_objects
 
 METHOD = "enable_input_require_grads"
@@ -138,6 +138,12 @@ class TransformersInputGradsLeaf(Patch):
     # the other transformers fixes).  No upper bound: 5.23.0 still has the hook,
     # and from 5.0 checkpointing itself calls it.
     affected = {"transformers": ">=4.35.0"}
+    mechanisms = (
+        Mechanism("in-place-on-leaf", {"transformers": ">=4.35.0"},
+                  summary="the hooked embeddings' output is a leaf the model changes in place (GIT, BLIP, BLT, CSM)"),
+        Mechanism("tuple-embeddings", {"transformers": ">=4.35.0"},
+                  summary="embeddings that return a tuple make the hook raise (Swin family, Hiera, Data2Vec-vision)"),
+    )
     symptom = (
         "RuntimeError: a leaf Variable that requires grad is being used in an in-place operation - "
         "LoRA with gradient checkpointing on GIT, BLIP, BLT, CSM (enable_input_require_grads); "

@@ -74,7 +74,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from hotfix.patches._checkpoint_slot import ATTRIBUTE, CheckpointFunctionSlot, code_objects
-from hotfix.patch import Patch
+from hotfix.patch import Mechanism, Patch
 
 
 def _checkpoint_with_lifted_inputs(wrapped, instance, args, kwargs):
@@ -131,6 +131,20 @@ class TransformersKeywordTensors(Patch):
     name = "transformers-keyword-tensors"
     targets = ("transformers.modeling_layers",)
     affected = {"transformers": ">=4.53.0"}
+    # Provisional ranges from reading upstream; tools/census/ measures every release line against them.
+    mechanisms = (
+        Mechanism("keyword-tensors", {"transformers": ">=4.53.0"},
+                  summary="a tensor needing grad passed by keyword (Whisper encoder_hidden_states=, DeBERTa-v2, WavLM, "
+                          "LayoutLM)"),
+        Mechanism("nested-outputs", {"transformers": ">=4.53.0"},
+                  summary="a layer output that nests its tensors (pvt_v2's ((hidden,), h, w))"),
+        Mechanism("shared-mapping", {"transformers": ">=4.53.0"},
+                  summary="tensors a layer stores into a mapping shared across layers (Gemma-3n/4 KV sharing)"),
+        Mechanism("cache-contents", {"transformers": ">=4.56.0"},
+                  summary="keys/values a layer reads from a Cache it is handed (DiffusionGemma's decoder)"),
+        Mechanism("unused-outputs", {"transformers": ">=4.53.0"},
+                  summary="a layer output the loss never uses gets zeros instead of no gradient (LiLT)"),
+    )
     symptom = (
         "RuntimeError: Trying to backward through the graph a second time - Whisper training "
         "with gradient checkpointing (decoder gets encoder_hidden_states= by keyword)"

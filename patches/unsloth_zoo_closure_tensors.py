@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from hotfix.patch import Patch
+from hotfix.patch import Mechanism, Patch
 from hotfix.patches._unsloth_checkpoint_shape import CLASS_NAME, checkpoint_function_drift
 
 
@@ -60,6 +60,10 @@ class UnslothZooClosureTensors(Patch):
     # Spelled as the metadata spells the distribution; importlib.metadata
     # normalises unsloth_zoo / unsloth-zoo alike (checked by the tests).
     affected = {"unsloth-zoo": ">=2024.11.6"}
+    mechanisms = (
+        Mechanism("closure-tensors", {"unsloth-zoo": ">=2024.11.6"},
+                  summary="a tensor needing grad bound in the checkpointed partial (Whisper decoder)"),
+    )
     symptom = (
         "RuntimeError: Trying to backward through the graph a second time - unsloth "
         "use_gradient_checkpointing='unsloth' with a tensor bound in a functools.partial (Whisper decoder)"

@@ -48,7 +48,7 @@ from __future__ import annotations
 import contextlib
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from hotfix.patch import Patch
+from hotfix.patch import Mechanism, Patch
 from hotfix.patches._unsloth_checkpoint_shape import CLASS_NAME, checkpoint_function_drift
 from hotfix.versions import installed_version, version_in_range
 
@@ -173,6 +173,12 @@ class UnslothZooOffloadBackward(Patch):
     name = "unsloth-zoo-offload-backward"
     targets = ("unsloth_zoo.gradient_checkpointing",)
     affected = {"unsloth-zoo": ">=2025.1.1,<2026.8.11"}
+    mechanisms = (
+        Mechanism("frozen-first-input", {"unsloth-zoo": ">=2025.1.1,<2026.8.11"}, fixed_in="2026.8.11",
+                  summary="args[0] frozen, another input needing grad: too few gradients returned"),
+        Mechanism("late-offload", {"unsloth-zoo": ">=2025.1.1,<2025.11.5"}, fixed_in="2025.11.5",
+                  summary="no activation offloaded during the first step"),
+    )
     symptom = (
         "RuntimeError: function UnslothCheckpointFunctionBackward returned an incorrect number of "
         "gradients (frozen first input); no 'Will smartly offload' offloading during the first step"
