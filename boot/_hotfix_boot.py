@@ -262,15 +262,19 @@ def _home():
     return here[:cut] if cut > 0 else ""
 
 
-def boot():
-    """Entry point of the .pth line and of the PEP 829 .start file."""
+def boot(home=None):
+    """Entry point of the .pth line and of the PEP 829 .start file.
+
+    ``home``: the directory holding ``hotfix/``; site-packages (this file's own)
+    unless an editable install's .pth names the checkout (setup.py).
+    """
     try:
         if disabled():
             return
         for finder in sys.meta_path:
             if type(finder).__name__ == "ActivateOnFirstImport":
                 return  # booted twice (.pth and .start both honoured): once is enough
-        finder = ActivateOnFirstImport(_home())
+        finder = ActivateOnFirstImport(home or _home())
         sys.meta_path.insert(0, finder)
         if any(name in sys.modules for name in TRIGGERS):
             finder.activate()  # a trigger was imported before site ran (rare): nothing left to arm

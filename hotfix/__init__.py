@@ -1,21 +1,24 @@
 """hotfix (distribution hotfix-checkpoint): in-place repairs for gradient checkpointing on the library versions that broke it.
 
-``import hotfix`` activates it (unless ``HOTFIX_DISABLE`` is set); so does the
-``.pth`` file installed beside it, on the first import of transformers,
-unsloth or unsloth_zoo.  See README.md for the fixes and the opt-outs.
+Importing hotfix activates it (unless ``HOTFIX_DISABLE`` is set): the card's
+"``import hotfix`` before or after unsloth/transformers" contract.  The one
+place that activates is :mod:`hotfix.auto`, imported by the last line of this
+file; the start-up hook (``boot/_hotfix_boot.py``, installed as a ``.pth``
+file) reaches it the same way on the first import of transformers, unsloth or
+unsloth_zoo.  Every other module of the package only defines things.
 """
 
 from __future__ import annotations
 
 from typing import List
 
-from hotfix import checkout
-from hotfix.patch import Patch, Verdict
+from hotfix.patch import Mechanism, Patch, Verdict
 from hotfix.registry import ENTRY_POINT_GROUP, registry
 
-__all__ = ["Patch", "Verdict", "activate", "revert", "known_patches", "ENTRY_POINT_GROUP", "__version__"]
-__version__ = "0.1.0"
-#: the start-up hook tells hotfix-checkpoint from a user's own module named hotfix by this
+__all__ = ["Patch", "Mechanism", "Verdict", "activate", "revert", "known_patches", "ENTRY_POINT_GROUP",
+           "__version__"]
+__version__ = "0.1.0"  # the one place: pyproject.toml reads it (tool.setuptools.dynamic)
+#: the start-up hook tells hotfix-checkpoint from a user's own module named hotfix by this line
 DISTRIBUTION = "hotfix-checkpoint"
 
 
@@ -36,10 +39,4 @@ def known_patches():
     return dict(registry.patches())
 
 
-try:
-    checkout.map_patches_folder()  # a source checkout: patches/ is hotfix.patches, as installed
-    activate()
-except Exception as exc:  # never let hotfix break the user's import
-    import logging
-
-    logging.getLogger("hotfix").warning("hotfix: activation failed, continuing without it: %r", exc)
+from hotfix import auto  # noqa: E402,F401  (activation: the one call site, see hotfix/auto.py)

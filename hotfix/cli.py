@@ -36,7 +36,25 @@ def _import_targets(patches) -> dict:
     return problems
 
 
-def status(import_targets: bool = True, out=None) -> int:
+def _state(patch, opted_out: bool, problems: dict) -> str:
+    """One phrase: what this fix is doing in this process."""
+    if opted_out:
+        return "opted out"
+    if patch.applied:
+        return "APPLIED to " + ", ".join(patch.applied_targets)
+    if not patch.check().applies:
+        return "not needed here"
+    if patch.last_error:
+        return patch.last_error
+    failed = [problems[t] for t in patch.targets if t in problems]
+    if failed:
+        return "target failed to import: " + "; ".join(failed)
+    if not registry.active:
+        return "not applied (hotfix inactive)"
+    return "waiting for " + ", ".join(patch.targets) + " to be imported"
+
+
+def status(import_targets: bool = True, out=None, verbose: bool = False) -> int:
     out = out or sys.stdout
     import hotfix
 
@@ -44,41 +62,35 @@ def status(import_targets: bool = True, out=None) -> int:
     patches = registry.patches()
     problems = _import_targets(patches) if import_targets and registry.active else {}
     write(f"hotfix {hotfix.__version__} (distribution hotfix-checkpoint)  {'active' if registry.active else 'INACTIVE'}")
-    write()
-    write("libraries:")
-    for dist, module in REPORTED_LIBRARIES.items():
-        write(f"  {dist:<13} {reader.evidence(dist, module).describe()}")
-    write()
-    write("opt-out:")
-    write(f"  {DISABLE_VAR}={os.environ.get(DISABLE_VAR, '')!r}" + ("  -> hotfix disabled" if registry.settings.disabled else ""))
-    write(f"  {DISABLED_PATCHES_VAR}={os.environ.get(DISABLED_PATCHES_VAR, '')!r}")
+    write("libraries: " + "; ".join(f"{dist} {reader.evidence(dist, module).describe()}"
+                                    for dist, module in REPORTED_LIBRARIES.items()))
+    write(f"opt-out: {DISABLE_VAR}={os.environ.get(DISABLE_VAR, '')!r}"
+          + (" (hotfix disabled)" if registry.settings.disabled else "")
+          + f"  {DISABLED_PATCHES_VAR}={os.environ.get(DISABLED_PATCHES_VAR, '')!r}")
     for name, error in registry.load_errors.items():
-        write(f"  plugin {name!r} failed to load: {error}")
-    write()
+        write(f"plugin {name!r} failed to load: {error}")
     write("patches:")
     for key, patch in sorted(patches.items()):
-        verdict = patch.check()
-        if registry.is_opted_out(patch):
-            state = "opted out"
-        elif patch.applied:
-            state = "APPLIED to " + ", ".join(patch.applied_targets)
-        elif not verdict.applies:
-            state = "not needed here"
-        elif patch.last_error:
-            state = patch.last_error
-        elif any(t in problems for t in patch.targets):
-            state = "target failed to import: " + "; ".join(problems[t] for t in patch.targets if t in problems)
-        elif not registry.active:
-            state = "not applied (hotfix inactive)"
-        else:
-            state = "waiting for " + ", ".join(patch.targets) + " to be imported"
-        write(f"  {patch.name}: {state}")
-        write(f"    fixes:    {patch.symptom}")
-        if patch.details:
-            write(f"    covers:   {patch.details}")
-        write(f"    here:     {'applies' if verdict.applies else 'does not apply'}: {verdict.reason}")
-        write(f"    upstream: {patch.upstream}; fixed in: {patch.fixed_in or 'no release yet'}")
+        source = registry.sources.get(key) or "unknown distribution"
+        write(f"  {patch.name}: {_state(patch, registry.is_opted_out(patch), problems)}  (from {source})")
+        if verbose:
+            _describe(patch, write)
+    if not verbose:
+        write("(hotfix status --verbose: what each fix repairs, where, and why it applies here or not)")
     return 0
+
+
+def _describe(patch, write) -> None:
+    verdict = patch.check()
+    write(f"    fixes:    {patch.symptom}")
+    if patch.details:
+        write(f"    covers:   {patch.details}")
+    here = {m.name for m in patch.mechanisms_here()}
+    for mechanism in patch.mechanisms:
+        ranges = ", ".join(f"{dist} {spec}" for dist, spec in mechanism.affected.items())
+        write(f"    {'[here] ' if mechanism.name in here else '       '}{mechanism.name} ({ranges}): {mechanism.summary}")
+    write(f"    here:     {'applies' if verdict.applies else 'does not apply'}: {verdict.reason}")
+    write(f"    upstream: {patch.upstream}; fixed in: {patch.fixed_in or 'no release yet'}")
 
 
 def _add_check_arguments(p) -> None:
@@ -177,6 +189,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     p_status = sub.add_parser("status", help="versions, known patches, what is applied here")
     p_status.add_argument("--no-import", action="store_true",
                           help="do not import target libraries (faster; shows pending patches)")
+    p_status.add_argument("--verbose", "-v", action="store_true",
+                          help="what each fix repairs (its mechanisms and their ranges), why it applies here or not")
     sub.add_parser("doctor", help="reproduce the Whisper bug here without and with hotfix")
     p_check = sub.add_parser(
         "check-model", help="is gradient checkpointing safe for YOUR model? one step per mode, gradients compared",
@@ -196,7 +210,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         from hotfix.diagnostics.doctor import main as doctor_main
 
         return doctor_main([])
-    return status(import_targets=not getattr(args, "no_import", False))
+    return status(import_targets=not getattr(args, "no_import", False), verbose=getattr(args, "verbose", False))
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@ third-party package can ship its own fixes by declaring, in its pyproject::
     [project.entry-points."hotfix.patches"]
     my-fix = "my_pkg.my_fix:patch"        # a Patch instance (or a Patch subclass)
 
-Each patch is attached with a wrapt post-import hook on every module in its
+The distribution that declared each fix is recorded (``hotfix status`` shows
+it).  Each patch is attached with a wrapt post-import hook on every module in its
 ``targets``: the hook runs at once if the module is already imported (a
 notebook that imported transformers before hotfix) and otherwise right after
 the module's first import.  wrapt cannot unregister a hook, so the hook asks
@@ -18,18 +19,33 @@ from __future__ import annotations
 import logging
 import threading
 from importlib import metadata
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import wrapt
 
 from hotfix.config import DISABLED_PATCHES_VAR, Settings, normalize_patch_name, read_settings
-from hotfix import checkout, reload_watch
+from hotfix import reload_watch
 from hotfix.notice import attach_stderr_handler
 from hotfix.patch import Patch
 
 logger = logging.getLogger("hotfix")
 
 ENTRY_POINT_GROUP = "hotfix.patches"
+
+
+def declared_fixes() -> Dict[str, Tuple[str, Optional[str]]]:
+    """``entry point name -> (module:attr, distribution name)`` of the group; the first declaration of a name wins."""
+    try:
+        selected = [(ep, getattr(getattr(ep, "dist", None), "name", None))
+                    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)]
+    except TypeError:  # Python 3.9: no selection API and no ep.dist
+        selected = [(ep, dist.metadata["Name"]) for dist in metadata.distributions()
+                    for ep in dist.entry_points if ep.group == ENTRY_POINT_GROUP]
+    found: Dict[str, Tuple[str, Optional[str]]] = {}
+    for ep, distribution in selected:
+        found.setdefault(ep.name, (ep.value, distribution))
+    return found
+
 
 def _load_entry_point(name: str, value: str) -> Optional[Patch]:
     loaded = metadata.EntryPoint(name=name, value=value, group=ENTRY_POINT_GROUP).load()
@@ -51,26 +67,20 @@ class Registry:
         self.active = False
         self.settings = Settings()
         self.load_errors: Dict[str, str] = {}
+        self.sources: Dict[str, Optional[str]] = {}  # patch key -> the distribution that declared it
 
     # -- discovery ----------------------------------------------------------
-    def _entry_points(self) -> Dict[str, str]:
-        try:
-            found = {ep.name: ep.value for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)}
-        except Exception as exc:
-            logger.warning("hotfix: could not read entry points of %s: %r", ENTRY_POINT_GROUP, exc)
-            found = {}
-        if not any(value.startswith("hotfix.patches.") for value in found.values()):
-            # A source checkout without installed metadata: the same declarations, from pyproject.toml.
-            for name, value in checkout.entry_points(ENTRY_POINT_GROUP).items():
-                found.setdefault(name, value)
-        return found
-
     def patches(self) -> Dict[str, Patch]:
         """All loadable patches by name (discovered once per process)."""
         with self._lock:
             if self._patches is None:
                 patches: Dict[str, Patch] = {}
-                for ep_name, value in sorted(self._entry_points().items()):
+                try:
+                    declared = declared_fixes()
+                except Exception as exc:
+                    logger.warning("hotfix: could not read entry points of %s: %r", ENTRY_POINT_GROUP, exc)
+                    declared = {}
+                for ep_name, (value, distribution) in sorted(declared.items()):
                     try:
                         patch = _load_entry_point(ep_name, value)
                     except Exception as exc:
@@ -85,12 +95,27 @@ class Registry:
                         logger.warning("hotfix: two patches are named %r; keeping the first (%s)", key, value)
                         continue
                     patches[key] = patch
+                    self.sources[key] = distribution
                 self._patches = patches
             return self._patches
 
     # -- activation ---------------------------------------------------------
     def is_opted_out(self, patch: Patch) -> bool:
-        return normalize_patch_name(patch.name) in self.settings.disabled_patches
+        names = {normalize_patch_name(name) for name in (patch.name, *patch.aliases)}
+        return bool(names & self.settings.disabled_patches)
+
+    def _check_opt_out_names(self, patches: Dict[str, Patch]) -> None:
+        """One warning for names no patch answers to, one per former name still in use."""
+        former = {normalize_patch_name(alias): patch for patch in patches.values() for alias in patch.aliases}
+        for name in sorted(self.settings.disabled_patches & set(former)):
+            logger.warning("hotfix: %s names %r, the former name of %s; it still works, but use the new name",
+                           DISABLED_PATCHES_VAR, name, former[name].name)
+        unknown = sorted(self.settings.disabled_patches - set(patches) - set(former))
+        if unknown:
+            logger.warning(
+                "hotfix: %s names unknown patch(es) %s; known patches: %s",
+                DISABLED_PATCHES_VAR, ", ".join(unknown), ", ".join(sorted(patches)) or "none",
+            )
 
     def activate(self) -> bool:
         """Attach every patch not opted out; a second call is a no-op."""
@@ -104,12 +129,7 @@ class Registry:
                 logger.info("hotfix: disabled by environment; no patch attached")
                 return False
             patches = self.patches()
-            unknown = sorted(self.settings.disabled_patches - set(patches))
-            if unknown:
-                logger.warning(
-                    "hotfix: %s names unknown patch(es) %s; known patches: %s",
-                    DISABLED_PATCHES_VAR, ", ".join(unknown), ", ".join(sorted(patches)) or "none",
-                )
+            self._check_opt_out_names(patches)
             self.active = True
             for key, patch in patches.items():
                 if self.is_opted_out(patch):

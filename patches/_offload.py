@@ -17,9 +17,8 @@ The pieces
   and the side stream of a tensor's device, make one stream wait for another,
   run copies on a stream, allocate host / device buffers.
   :class:`CudaDevice` is the real one (pinned memory, ``non_blocking`` copies,
-  one side stream per GPU).  :class:`SimulatedDevice` runs on CPU: the copies
-  really happen (so gradients can be checked), and every wait / copy /
-  allocation is appended to ``log`` so tests can assert the ordering.
+  one side stream per GPU).  Tests and benchmarks pass CPU devices of the same
+  interface (tools/lab/simulated_device.py; tests/support/), not shipped.
 * :class:`ActivationOffloader` owns *all* the state (no module globals): the
   host buffer pool (per device, reused across steps), the device staging
   buffer (per device), the layer schedule, the print-once flag and counters.
@@ -52,8 +51,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
 
-# The devices live beside this module; re-exported because the fix and its tests name them here.
-from hotfix.patches._offload_devices import CudaDevice, HostBufferPool, HostLease, SimulatedDevice, round_up  # noqa: F401
+from hotfix.patches._offload_devices import CudaDevice, HostBufferPool, HostLease, round_up
 
 #: printed (stdout, like upstream) the first time an activation is offloaded;
 #: the exact text unsloth prints, so logs and user expectations do not change.
@@ -162,10 +160,6 @@ class ActivationOffloader:
             self.schedule = LayerSchedule()
             self.announced = False
             self.stats = OffloadStats()
-
-    @property
-    def host_allocations(self) -> int:
-        return sum(pool.allocations for pool in self._pools.values())
 
     def pool(self, device: torch.device) -> HostBufferPool:
         key = _device_key(device)

@@ -1,21 +1,18 @@
-"""Where the activation offloader's bytes live (``patches/_offload.py``): devices and the host buffer pool.
+"""Where the activation offloader's bytes live (``patches/_offload.py``): the CUDA device and the host buffer pool.
 
 A *device* does the five things offloading needs: name the compute stream and
 the side stream of a tensor's device, make one stream wait for another, run
 copies on a stream, allocate host / device buffers.  :class:`CudaDevice` is the
-real one (pinned memory, ``non_blocking`` copies, one side stream per GPU).
-:class:`SimulatedDevice` runs on CPU: the copies really happen (so gradients
-can be checked), and every wait / copy / allocation is appended to ``log`` so
-tests can assert the ordering.
+real one (pinned memory, ``non_blocking`` copies, one side stream per GPU).  The
+tests and benchmarks drive the offloader with CPU devices of the same interface
+(tools/lab/simulated_device.py, tests/support/), which do not ship.
 """
 
 from __future__ import annotations
 
 import collections
-import contextlib
 import logging
-from dataclasses import dataclass
-from typing import Any, Callable, Deque, Dict, Iterator, List
+from typing import Any, Callable, Deque, Dict, List
 
 import torch
 
@@ -86,66 +83,6 @@ class CudaDevice:
         dst.copy_(src, non_blocking=True)
 
 
-@dataclass(frozen=True)
-class SimulatedStream:
-    name: str
-
-
-class SimulatedDevice:
-    """A CPU stand-in for :class:`CudaDevice` that records what it is asked to do.
-
-    ``log`` holds tuples, in order:
-
-    * ``("wait", waiter, waited)``            stream names
-    * ``("copy", direction, stream, nbytes)`` direction "to_host" / "to_device";
-      stream is the stream *current* when the copy ran
-    * ``("alloc", "host" | "device", nbytes)``
-
-    Copies are real ``copy_`` calls between CPU tensors, so results (and the
-    gradients computed from reloaded inputs) are exact.
-    """
-
-    name = "simulated"
-    COMPUTE = SimulatedStream("compute")
-    SIDE = SimulatedStream("side")
-
-    def __init__(self) -> None:
-        self.log: List[tuple] = []
-        self._current = self.COMPUTE
-
-    def handles(self, tensor: torch.Tensor) -> bool:
-        return tensor.device.type == "cpu"
-
-    def compute_stream(self, device: torch.device) -> SimulatedStream:
-        return self.COMPUTE
-
-    def side_stream(self, device: torch.device) -> SimulatedStream:
-        return self.SIDE
-
-    def wait(self, waiter: SimulatedStream, waited: SimulatedStream) -> None:
-        self.log.append(("wait", waiter.name, waited.name))
-
-    @contextlib.contextmanager
-    def on(self, stream: SimulatedStream) -> Iterator[None]:
-        previous, self._current = self._current, stream
-        try:
-            yield
-        finally:
-            self._current = previous
-
-    def new_host_buffer(self, nbytes: int) -> torch.Tensor:
-        self.log.append(("alloc", "host", nbytes))
-        return torch.empty(nbytes, dtype=torch.uint8)
-
-    def new_device_buffer(self, nbytes: int, device: torch.device) -> torch.Tensor:
-        self.log.append(("alloc", "device", nbytes))
-        return torch.empty(nbytes, dtype=torch.uint8, device=device)
-
-    def copy(self, dst: torch.Tensor, src: torch.Tensor, direction: str) -> None:
-        self.log.append(("copy", direction, self._current.name, dst.numel() * dst.element_size()))
-        dst.copy_(src)
-
-
 # ---------------------------------------------------------------------------
 # host buffer pool
 # ---------------------------------------------------------------------------
@@ -211,8 +148,3 @@ class HostBufferPool:
             buffer = self._allocate(size)
             self.allocations += 1
         return HostLease(buffer, self._returns)
-
-    @property
-    def free_buffers(self) -> int:
-        self._drain()
-        return len(self._free)

@@ -149,13 +149,6 @@ class TransformersInputGradsLeaf(Patch):
         "LoRA with gradient checkpointing on GIT, BLIP, BLT, CSM (enable_input_require_grads); "
         "AttributeError: 'tuple' object has no attribute 'requires_grad_' - Swin, Hiera, Data2Vec-vision, ..."
     )
-    details = (
-        "enable_input_require_grads() (called by gradient_checkpointing_enable on 5.x for input_ids models) "
-        "makes the frozen embeddings' output a leaf that requires grad; models that then change it in place "
-        "(GIT, BLIP text, BLT, CSM) crash. The output is handed on as a copy with a history. Embeddings that "
-        "return a tuple (Swin family, Hiera, Data2Vec-vision, TimeSformer) made the hook raise; their tensors are "
-        "made to require grad instead."
-    )
     upstream = ("huggingface/transformers PreTrainedModel.enable_input_require_grads (hook output.requires_grad_; "
                 "called by gradient_checkpointing_enable from 5.0.0)")
     fixed_in = None  # 5.23.0 still has it

@@ -68,11 +68,6 @@ class UnslothZooClosureTensors(Patch):
         "RuntimeError: Trying to backward through the graph a second time - unsloth "
         "use_gradient_checkpointing='unsloth' with a tensor bound in a functools.partial (Whisper decoder)"
     )
-    details = (
-        "UnslothCheckpointFunction.apply(partial(layer, encoder_hidden_states=enc), preserve, h): "
-        "closure tensors needing grad become checkpoint inputs, on every path into it "
-        "(torch checkpoint after unsloth's swap, unsloth_checkpoint, direct apply)."
-    )
     upstream = "unslothai/unsloth-zoo gradient_checkpointing.py UnslothCheckpointFunction (since 2024.11.6)"
     fixed_in = None  # 2026.10.9 still has it
 

@@ -50,7 +50,6 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from hotfix.patch import Mechanism, Patch
 from hotfix.patches._unsloth_checkpoint_shape import CLASS_NAME, checkpoint_function_drift
-from hotfix.versions import installed_version, version_in_range
 
 if TYPE_CHECKING:
     from hotfix.patches._offload import ActivationOffloader
@@ -60,7 +59,6 @@ if TYPE_CHECKING:
 TORCH_HELPERS = ("_infer_device_type", "_get_autocast_kwargs", "_get_device_module",
                  "get_device_states", "set_device_states")
 RECOMPUTE_MARKER = "_gradient_checkpoint_recompute_marker"
-LATE_OFFLOAD_FIXED_IN = "2025.11.5"
 
 _INVALID_CHECKPOINT = (
     "When use_reentrant=True, torch.utils.checkpoint is incompatible"
@@ -194,28 +192,13 @@ class UnslothZooOffloadBackward(Patch):
     def offloader(self) -> "ActivationOffloader":
         """The one offload state object of the process (made on first use: it imports torch).
 
-        Tests and benchmarks switch it to hotfix.patches._offload.SimulatedDevice with use_device().
+        Tests and benchmarks switch it to a CPU device with use_device() (tools/lab/simulated_device.py).
         """
         if self._offloader is None:
             from hotfix.patches._offload import ActivationOffloader
 
             self._offloader = ActivationOffloader()
         return self._offloader
-
-    @property
-    def details(self) -> str:
-        """What is broken in the installed release (shown by ``hotfix status``)."""
-        frozen = "frozen args[0] gives too few gradients (2025.1.1-2026.8.10)"
-        late = "no offloading during the first step (2025.1.1-2025.11.4)"
-        version = installed_version("unsloth-zoo")
-        if version is None:
-            return f"{frozen}; {late}."
-        if not version_in_range(version, self.affected["unsloth-zoo"]):
-            return f"{frozen}; {late}. Neither is present in the installed release."
-        if version_in_range(version, f"<{LATE_OFFLOAD_FIXED_IN}"):
-            return f"here both: {frozen}; {late}. The replaced forward/backward fixes both."
-        return (f"here only {frozen}: this release already offloads from the first step "
-                f"(fixed in {LATE_OFFLOAD_FIXED_IN}), and the replaced forward/backward keeps doing so.")
 
     def drift(self, module: Any) -> Optional[str]:
         reason = checkpoint_function_drift(module)

@@ -1,4 +1,9 @@
-"""Shared test plumbing: the release matrix and fresh-interpreter runs.
+"""Shared test plumbing: the tiers, the release matrix and fresh-interpreter runs.
+
+Tiers (a marker each, from the folder):  unit/ in-process, seconds;  contract/ the
+suite every fix runs through;  versions/ fixes across the release matrix and the
+sweep's subsets;  e2e/ the product in fresh interpreters (start-up hook, CLI,
+trainers, processes).  support/ holds the tests' helpers and child scripts.
 
 The suite runs against hotfix installed from a wheel in the test venv (see
 scripts/test.sh), never the source tree, so what is tested is what users get.
@@ -23,8 +28,10 @@ from hotfix.notice import REPAIR_NOTICE
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
-TOOLS = REPO / "tools"  # developer tooling shared by tests, bench and the GPU kit (zoo_loader, tiny_models...)
-sys.path.insert(0, str(TOOLS))  # in-process tests import tiny_models / zoo_loader as the children do
+TOOLS = REPO / "tools"  # developer tooling: sweep/, bench/, gpu/, and lab/ (what tools and tests share)
+LAB = TOOLS / "lab"  # tiny_models, zoo_loader, simulated_device, standalone: imported by tools and tests alike
+SUPPORT = TESTS / "support"  # the tests' own helpers and child scripts (grad_case, zoo_cases, ...)
+sys.path[:0] = [str(LAB), str(SUPPORT)]  # in-process tests import them as the children do
 MATRIX = REPO / ".matrix"
 IN_CI = bool(os.environ.get("CI"))
 
@@ -49,15 +56,15 @@ def matrix_path(name: str, version: str) -> Path:
 
 
 def run_sweep(tmp_path: Path, version: str, models: str, recipes: str, functions: str = "torch,unsloth") -> List[dict]:
-    """The rows of a fresh ``tools/sweep_models.py`` run on ``models`` (comma list) of one release, census rows left out."""
+    """The rows of a fresh ``tools/sweep/sweep_models.py`` run on ``models`` (comma list) of one release, census rows left out."""
     import json
 
     matrix_path("transformers", version)
     if "unsloth" in functions:
-        matrix_path("unsloth-zoo", "2026.10.9")  # tools/sweep_models.py UNSLOTH_ZOO
+        matrix_path("unsloth-zoo", "2026.10.9")  # tools/sweep/sweep_models.py UNSLOTH_ZOO
     results = tmp_path / "sweep.jsonl"
     proc = subprocess.run(
-        [sys.executable, str(TOOLS / "sweep_models.py"), "--versions", version, "--models", models,
+        [sys.executable, str(TOOLS / "sweep" / "sweep_models.py"), "--versions", version, "--models", models,
          "--recipes", recipes, "--functions", functions, "--fresh", "--jobs", "2",
          "--results", str(results), "--doc", str(tmp_path / "sweep.md")],
         capture_output=True, text=True, timeout=900, cwd=str(tmp_path),
@@ -84,8 +91,8 @@ def assert_sweep_cells(rows: List[dict], cells: int, upstream: Callable[[dict], 
 
 
 def clean_env(extra: Optional[Dict[str, str]] = None, pythonpath: Iterable[Path] = ()) -> Dict[str, str]:
-    """A child's environment: no HOTFIX_* settings, PYTHONPATH = the given paths, tests/ and tools/."""
-    return child_env(keep_hotfix_settings=False, pythonpath=[*pythonpath, TESTS, TOOLS], extra=extra)
+    """A child's environment: no HOTFIX_* settings, PYTHONPATH = the given paths, tests/, tests/support, tools/lab."""
+    return child_env(keep_hotfix_settings=False, pythonpath=[*pythonpath, TESTS, SUPPORT, LAB], extra=extra)
 
 
 def run_python(
@@ -113,6 +120,19 @@ def hotfix_lines(stderr: str) -> List[str]:
 
 def repair_notices(stderr: str) -> List[str]:
     return [line for line in stderr.splitlines() if line.startswith(REPAIR_NOTICE)]
+
+
+#: the test tiers, one folder each (``pytest -m unit`` from a checkout runs in seconds)
+TIERS = ("unit", "contract", "versions", "e2e")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark each test with its tier: the folder under tests/ it lives in."""
+    for item in items:
+        relative = Path(str(item.fspath)).resolve().relative_to(TESTS)
+        tier = relative.parts[0] if len(relative.parts) > 1 else None
+        if tier in TIERS:
+            item.add_marker(getattr(pytest.mark, tier))
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -146,7 +166,7 @@ PRELUDE = textwrap.dedent(
         return any(type(f).__name__ == "ActivateOnFirstImport" for f in sys.meta_path)
 
     def tiny_whisper(seed=0):
-        import tiny_models  # tools/ is on the child's PYTHONPATH
+        import tiny_models  # tools/lab is on the child's PYTHONPATH
 
         return tiny_models.whisper(seed)
 

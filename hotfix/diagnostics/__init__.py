@@ -1,13 +1,26 @@
 """Diagnostics: is checkpointing right for a model?  Nothing here runs during training.
 
+``from hotfix.diagnostics import check_model`` (the checker's public entry point, loaded on
+first use: importing this package imports no torch).
+
 ``checker``     check_model(): the comparison engine (one step without checkpointing,
                 one per mode, every gradient compared) -- used by check-model, doctor,
-                the tests' case runner and the sweep
+                the tests and the sweep
 ``compare``     the one gradient comparison and tolerance rule; short_error()
 ``step``, ``modes``, ``model_state``, ``results``   the engine's parts
 ``guard``, ``memory``   memory/time guard of a step; RSS readers; byte sizes
 ``factory``     check-model TARGET: the user's model factory
-``doctor``      ``hotfix doctor``
+``doctor``, ``doctor_models``   ``hotfix doctor`` and its tiny Whisper
 ``children``    fresh interpreters with and without hotfix, and their JSON lines
-``tiny_models`` the tiny random-weight models (imports no hotfix)
 """
+
+_PUBLIC = ("check_model", "CheckReport", "ModeResult", "CheckerError", "MODES")
+__all__ = list(_PUBLIC)
+
+
+def __getattr__(name):
+    if name in _PUBLIC:
+        from hotfix.diagnostics import checker
+
+        return getattr(checker, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -4,7 +4,9 @@ Each run happens in a fresh interpreter (``python -m hotfix.diagnostics.doctor -
 so the unpatched run is really unpatched: it gets ``HOTFIX_DISABLE=1``, which
 stops both ``import hotfix`` and the ``.pth`` auto-activation.  The model is a
 tiny random-weight Whisper built from a config: no download, a few seconds on
-a CPU (``tiny_models.py``).  The check is :func:`hotfix.diagnostics.checker.check_model`
+a CPU (``doctor_models.py``).  The children run in the system's temporary
+directory: a ``hotfix/`` folder in the caller's working directory (a source
+checkout, say) must not shadow the installed package in them.  The check is :func:`hotfix.diagnostics.checker.check_model`
 in its ``default`` mode: gradients of the checkpointed step compared with a step
 without checkpointing on the same weights and batch.
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import json
 import sys
+import tempfile
 from typing import Dict, List
 
 from hotfix.diagnostics.children import child_env, json_lines, last_line, run_python
@@ -30,13 +33,13 @@ def run_case(case: str) -> Dict:
     import torch
     import transformers
 
-    from hotfix.diagnostics import tiny_models
+    from hotfix.diagnostics import doctor_models
     from hotfix.diagnostics.checker import check_model
     from hotfix.registry import registry
 
     result = {"case": case, "transformers": transformers.__version__, "torch": torch.__version__,
               "hotfix_active": registry.active}
-    model, batch = tiny_models.BUILDERS[case]()
+    model, batch = doctor_models.BUILDERS[case]()
     # cut="raise": a loss cut off the graph fails in backward(), as in the user's training script.
     report = check_model(model, batch, modes=["default"], cut="raise", time_limit=300)
     step = report.modes[0]
@@ -60,7 +63,7 @@ def _child_main(cases: List[str]) -> int:
 
 def _run_child(disabled: bool) -> List[Dict]:
     proc = run_python(["-m", "hotfix.diagnostics.doctor", "--child"] + [c for c, _ in CASES],
-                      env=child_env(hotfix=not disabled), timeout=600)
+                      env=child_env(hotfix=not disabled), cwd=tempfile.gettempdir(), timeout=600)
     for line in proc.stderr.splitlines():
         # hotfix's problem lines matter here; its "repaired" notice is what the table shows anyway.
         if line.startswith("hotfix:") and not line.startswith(REPAIR_NOTICE):

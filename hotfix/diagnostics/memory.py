@@ -26,18 +26,6 @@ def rss_bytes() -> Optional[int]:
         return None
 
 
-def peak_rss_bytes() -> Optional[int]:
-    """Peak resident set size of this process image (VmHWM), or None where it cannot be read."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except Exception:
-        pass
-    return None
-
-
 def available_bytes() -> Optional[int]:
     try:
         with open("/proc/meminfo") as f:

@@ -1,7 +1,7 @@
 """check_model in-process on plain torch modules (no transformers): missing gradients and saved bytes,
 the model's state restored, unsupported models, float64 tolerance, the memory and time guards.
 
-The same engine on real models, in fresh interpreters, and the CLI: tests/test_checker.py.
+The same engine on real models, in fresh interpreters, and the CLI: tests/e2e/test_checker.py.
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def _toy():
 
 
 def test_detects_missing_gradients_and_reports_saved_bytes():
-    from hotfix.checker import check_model
+    from hotfix.diagnostics import check_model
 
     model, x = _toy()
     report = check_model(model, x)
@@ -98,7 +98,7 @@ def test_detects_missing_gradients_and_reports_saved_bytes():
 
 
 def test_restores_model_state():
-    from hotfix.checker import check_model
+    from hotfix.diagnostics import check_model
 
     model, x = _toy()
     model.eval()
@@ -139,7 +139,7 @@ class _InputGradsToy(_Toy):
 
 
 def test_a_check_leaves_no_input_grads_handles_behind():
-    from hotfix.checker import check_model
+    from hotfix.diagnostics import check_model
 
     model, x = _InputGradsToy(), torch.randn(4, 8)
     check_model(model, x, modes=["non-reentrant"])
@@ -152,7 +152,7 @@ def test_a_check_leaves_no_input_grads_handles_behind():
 
 
 def test_not_supported_and_float64_tolerance():
-    from hotfix.checker import check_model
+    from hotfix.diagnostics import check_model
 
     model = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 1)).double()
     report = check_model(model, torch.randn(3, 4, dtype=torch.float64))
@@ -189,7 +189,7 @@ class _Runaway(nn.Module):
 
 
 def test_memory_guard_aborts_the_mode_not_the_process():
-    from hotfix.checker import check_model
+    from hotfix.diagnostics import check_model
 
     model = _Runaway()
     report = check_model(model, torch.randn(2, 4), modes=["reentrant"], memory_limit=256 << 20, time_limit=60)
@@ -199,7 +199,7 @@ def test_memory_guard_aborts_the_mode_not_the_process():
 
 
 def test_time_guard():
-    from hotfix.checker import check_model
+    from hotfix.diagnostics import check_model
 
     report = check_model(_Runaway(sleep=0.05), torch.randn(2, 4), modes=["reentrant"], memory_limit=64 << 30,
                          time_limit=0.5)

@@ -153,7 +153,7 @@ def test_parse_disable(raw, disabled):
 
 
 def test_parse_patch_list_and_log_level():
-    assert parse_patch_list(" Transformers_Keyword-Tensors , ,x ") == {"transformers-keyword-tensors", "x"}
+    assert parse_patch_list(" Transformers_Checkpoint-Layer_IO , ,x ") == {"transformers-checkpoint-layer-io", "x"}
     assert parse_log_level(" info ") == "INFO" and parse_log_level("loud") is None and parse_log_level("") is None
 
 
@@ -192,10 +192,11 @@ class Layer(Base):
     pass
 
 
-def test_slots_compose_up_the_mro_and_the_instance_keeps_the_raw_function():
+def test_slots_compose_by_rank_whichever_class_holds_them_and_the_instance_keeps_the_raw_function():
     compiling = []
-    slots = {Base: CheckpointFunctionSlot(Base, _tag("base"), lambda: bool(compiling)),
-             Layer: CheckpointFunctionSlot(Layer, _tag("layer"), lambda: bool(compiling))}
+    # The slot on the base class ranks higher: it wraps outermost although the subclass's is nearer.
+    slots = {Base: CheckpointFunctionSlot(Base, _tag("base"), lambda: bool(compiling), rank=20),
+             Layer: CheckpointFunctionSlot(Layer, _tag("layer"), lambda: bool(compiling), rank=10)}
     for owner, slot in slots.items():
         setattr(owner, ATTRIBUTE, slot)
     try:
@@ -203,7 +204,7 @@ def test_slots_compose_up_the_mro_and_the_instance_keeps_the_raw_function():
         assert getattr(layer, ATTRIBUTE) is None  # unset reads as None (dir()/getattr loops work)
         setattr(layer, ATTRIBUTE, lambda x: x + 1)
         raw = layer.__dict__[ATTRIBUTE]
-        assert getattr(layer, ATTRIBUTE)(1) == ("layer", ("base", 2))
+        assert getattr(layer, ATTRIBUTE)(1) == ("base", ("layer", 2))
         assert getattr(Base(), ATTRIBUTE) is None
         compiling.append(True)
         assert getattr(layer, ATTRIBUTE) is raw  # dynamo gets the raw function
@@ -211,7 +212,7 @@ def test_slots_compose_up_the_mro_and_the_instance_keeps_the_raw_function():
         setattr(layer, ATTRIBUTE, functools.partial(max, 0))
         clone = copy.deepcopy(layer)
         assert pickle.loads(pickle.dumps(layer)).__dict__[ATTRIBUTE].func is max
-        assert getattr(clone, ATTRIBUTE)(5) == ("layer", ("base", 5))
+        assert getattr(clone, ATTRIBUTE)(5) == ("base", ("layer", 5))
     finally:
         for owner in slots:
             delattr(owner, ATTRIBUTE)

@@ -1,12 +1,17 @@
 """In-process unit tests of the sweep's own rules: the per-family tables and the coverage count.
 
-The sweep (tools/sweep_models.py) is developer tooling, but its coverage line is read by other
+The sweep (tools/sweep/sweep_models.py) is developer tooling, but its coverage line is read by other
 tooling and quoted in the README, so what counts as "checked" is pinned here.
 """
 
 from __future__ import annotations
 
-import sweep_families
+import sys
+
+from conftest import TOOLS
+
+sys.path.insert(0, str(TOOLS / "sweep"))  # the sweep's own modules, as its scripts import them
+import sweep_families  # noqa: E402
 from sweep_report import compact_results, coverage, load_results, mark_upstream_crashes, render
 
 
@@ -26,7 +31,7 @@ def test_family_modules_import_without_torch_or_transformers():
     import sys
     from pathlib import Path
 
-    tools = Path(sweep_families.__file__).resolve().parent.parent
+    tools = Path(sweep_families.__file__).resolve().parent.parent  # tools/sweep
     code = ("import sys, sweep_families; sweep_families._tables(); "
             "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=str(tools), capture_output=True, text=True, timeout=60)

@@ -14,7 +14,7 @@ Modes: ``none`` (no checkpointing), ``non-reentrant`` (the forum workaround),
 checkpoint for its offloading one, as ``use_gradient_checkpointing="unsloth"``
 does), ``hf-offload`` (transformers >= 5.17 ``activation_checkpointing_enable(offload=True)``).
 hotfix is on or off through the environment (``HOTFIX_DISABLE=1``: upstream).
-On a CPU (the kit's self-test) the zoo release runs through tools/zoo_loader.py's
+On a CPU (the kit's self-test) the zoo release runs through tools/lab/zoo_loader.py's
 CPU seam and the memory figures are null.
 """
 
@@ -91,7 +91,7 @@ def enable(model, args):
 def load_zoo(args, torch):
     """The release in --zoo, with unsloth's swap of torch's reentrant checkpoint installed."""
     sys.path.insert(0, args.zoo)
-    sys.path.insert(0, os.path.join(REPO, "tools"))
+    sys.path.insert(0, os.path.join(REPO, "tools", "lab"))
     import zoo_loader
 
     gc = zoo_loader.load_release()

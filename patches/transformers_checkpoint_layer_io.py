@@ -1,0 +1,121 @@
+"""transformers >= 4.53: a reentrant-checkpointed layer's inputs and outputs that the checkpoint cannot see.
+
+What breaks: ``GradientCheckpointingLayer`` checkpoints ``partial(layer, **kwargs)`` with
+only the positional tensors as inputs.  Under reentrant checkpointing a tensor needing grad
+that reaches the layer any other way (by keyword, in a container, in a shared mapping, in a
+Cache) is re-walked by every recomputation ("Trying to backward through the graph a second
+time", Whisper) or cut off (silent missing gradients, LayoutLM), and so are outputs nested
+below the top level (pvt_v2), tensors stored into a shared mapping (Gemma-3n/4 KV sharing),
+and a discarded output gets zeros instead of no gradient (LiLT).
+
+How this fixes it: a data descriptor on ``GradientCheckpointingLayer`` hands out the stored
+checkpoint function wrapped; the wrapper lifts those tensors into real checkpoint inputs and
+returns nested/stored tensors as extra outputs (``_checkpoint_inputs``, ``_checkpoint_outputs``,
+``_checkpoint_shared_state``).  Nothing to lift: the original call.  docs/fixes/transformers-checkpoint-layer-io.md.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from hotfix.patches._checkpoint_slot import ATTRIBUTE, CheckpointFunctionSlot, code_objects
+from hotfix.patch import Mechanism, Patch
+
+
+#: outermost of the checkpoint-function slots: it sees the partial exactly as transformers made it
+SLOT_RANK = 20
+
+
+def _checkpoint_with_lifted_inputs(wrapped, instance, args, kwargs):
+    """wrapt wrapper around a layer's checkpoint function."""
+    # Imported here, not at module level: loading this patch must not import
+    # torch (a tokenizer-only user has transformers without torch); by the time
+    # a layer checkpoints, torch is loaded anyway.
+    from hotfix.patches._checkpoint_inputs import is_reentrant, lift_closure_tensors
+    from hotfix.patches._checkpoint_outputs import FlatOutputs
+    from hotfix.patches._checkpoint_shared_state import SharedStateWrites
+
+    if not args:
+        return wrapped(*args, **kwargs)
+    function, inputs = args[0], args[1:]
+    reentrant = is_reentrant(wrapped, kwargs)  # non-reentrant connects nested outputs and stored tensors itself
+    watched = SharedStateWrites.around(function, inputs) if reentrant else None
+    writes = None
+    if watched is not None:
+        writes, function, inputs = watched
+    lifted = lift_closure_tensors(function, inputs)
+    if lifted is not None:
+        patch.repaired("tensors passed by keyword became checkpoint inputs")
+        function, inputs = lifted
+    if not reentrant:
+        return wrapped(function, *inputs, **kwargs)
+    outputs = FlatOutputs(function, writes, notice=_notice_unused_outputs)
+    result = wrapped(outputs, *inputs, **kwargs)
+    outputs.watch_unused(result)
+    result = outputs.rebuild(result)
+    if outputs.nested:
+        patch.repaired("tensors nested in a layer's output or stored into a shared mapping became checkpoint outputs")
+    return result
+
+
+def _notice_unused_outputs() -> None:
+    patch.repaired("a layer output the loss does not use gets no gradient, not zeros")
+
+
+def calls_checkpoint_with_partial(layer_class: type) -> bool:
+    """Does the layer class read ``_gradient_checkpointing_func`` next to ``partial``?
+
+    True for 4.53-4.57 (``__call__``) and 5.x (``__init_subclass__`` ->
+    ``forward_with_checkpointing``).  False means upstream rewrote the call
+    and this patch's assumptions no longer hold.
+    """
+    for attribute in ("__call__", "__init_subclass__", "forward"):
+        for code in code_objects(layer_class.__dict__.get(attribute)):
+            if ATTRIBUTE in code.co_names and "partial" in code.co_names:
+                return True
+    return False
+
+
+class TransformersCheckpointLayerIO(Patch):
+    name = "transformers-checkpoint-layer-io"
+    aliases = ("transformers-keyword-tensors",)  # its name until 0.1.0; still accepted as an opt-out
+    targets = ("transformers.modeling_layers",)
+    affected = {"transformers": ">=4.53.0"}
+    # Provisional ranges from reading upstream; tools/census/ measures every release line against them.
+    mechanisms = (
+        Mechanism("keyword-tensors", {"transformers": ">=4.53.0"},
+                  summary="a tensor needing grad passed by keyword (Whisper encoder_hidden_states=, DeBERTa-v2, WavLM, "
+                          "LayoutLM)"),
+        Mechanism("nested-outputs", {"transformers": ">=4.53.0"},
+                  summary="a layer output that nests its tensors (pvt_v2's ((hidden,), h, w))"),
+        Mechanism("shared-mapping", {"transformers": ">=4.53.0"},
+                  summary="tensors a layer stores into a mapping shared across layers (Gemma-3n/4 KV sharing)"),
+        Mechanism("cache-contents", {"transformers": ">=4.56.0"},
+                  summary="keys/values a layer reads from a Cache it is handed (DiffusionGemma's decoder)"),
+        Mechanism("unused-outputs", {"transformers": ">=4.53.0"},
+                  summary="a layer output the loss never uses gets zeros instead of no gradient (LiLT)"),
+    )
+    symptom = (
+        "RuntimeError: Trying to backward through the graph a second time - Whisper training "
+        "with gradient checkpointing (decoder gets encoder_hidden_states= by keyword)"
+    )
+    upstream = "huggingface/transformers#38913 (GradientCheckpointingLayer, first in 4.53.0)"
+    fixed_in = None  # no release fixes the general case as of 5.23.0
+
+    def drift(self, module: Any) -> Optional[str]:
+        layer = getattr(module, "GradientCheckpointingLayer", None)
+        if not isinstance(layer, type):
+            return "GradientCheckpointingLayer is missing"
+        if not calls_checkpoint_with_partial(layer):
+            return "GradientCheckpointingLayer no longer calls self._gradient_checkpointing_func(partial(...), *args)"
+        return None
+
+    def _apply(self, module: Any) -> None:
+        from torch.compiler import is_compiling  # modeling_layers imported torch already
+
+        layer = module.GradientCheckpointingLayer
+        self.replace(layer, ATTRIBUTE, CheckpointFunctionSlot(layer, _checkpoint_with_lifted_inputs, is_compiling,
+                                                              rank=SLOT_RANK))
+
+
+patch = TransformersCheckpointLayerIO()

@@ -1,0 +1,269 @@
+"""The sweep's worker: runs inside an interpreter whose transformers is the release under test.
+
+Builds each model type from its config class's defaults shrunk to a tiny size,
+makes a dummy batch, runs ``check_model`` and prints one JSON line per model
+(``{"start": type}`` before, ``{"row": {...}}`` after) for tools/sweep/sweep_models.py.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Dict, List, Optional
+
+from sweep_inputs import dummy_batch, fit_image_tokens, sweep_loss, to_dtype
+
+SWEEP_MODES = ("reentrant", "non-reentrant")
+#: checkpoint functions the sweep runs each recipe through, and the modes each one uses.
+#: unsloth: unsloth-zoo's UnslothCheckpointFunction swapped in for torch's CheckpointFunction
+#: (its own patch_unsloth_smart_gradient_checkpointing, loaded on CPU by tools/lab/zoo_loader.py);
+#: it serves reentrant checkpointing only (non-reentrant never calls CheckpointFunction).
+FUNCTION_MODES = {"torch": SWEEP_MODES, "unsloth": ("reentrant",)}
+
+SMALL = {
+    "hidden_size": 32, "d_model": 32, "n_embd": 32, "embed_dim": 32, "dim": 32, "hidden_dim": 64,
+    "num_hidden_layers": 2, "num_layers": 2, "n_layer": 2, "n_layers": 2, "encoder_layers": 2,
+    "decoder_layers": 2, "num_decoder_layers": 2, "num_encoder_layers": 2,
+    "num_attention_heads": 2, "n_head": 2, "n_heads": 2, "num_heads": 2, "encoder_attention_heads": 2,
+    "decoder_attention_heads": 2, "num_key_value_heads": 2, "num_kv_heads": 2,
+    "intermediate_size": 64, "encoder_ffn_dim": 64, "decoder_ffn_dim": 64, "ffn_dim": 64, "d_ff": 64,
+    "n_inner": 64, "d_kv": 16, "head_dim": 16, "attention_head_size": 16,
+    "vocab_size": 128, "max_position_embeddings": 64, "n_positions": 64,
+    "num_experts": 2, "num_local_experts": 2, "n_routed_experts": 2, "num_experts_per_tok": 1,
+    "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32, "kv_lora_rank": 16,
+    "q_lora_rank": 16, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 16,
+    "image_size": 32, "patch_size": 8, "num_mel_bins": 8, "max_source_positions": 16,
+    "max_target_positions": 32, "projection_dim": 32, "projection_size": 32, "encoder_hidden_size": 32,
+}
+_LIST_LAYER_ATTRS = ("depths", "hidden_sizes", "num_heads", "embed_dims")
+
+
+def shrink_config(config, depth: int = 0):
+    """Set the usual size fields of a config (and its sub-configs) small; dropout off."""
+    from transformers import PretrainedConfig
+
+    for key, value in list(vars(config).items()):
+        if isinstance(value, PretrainedConfig) and depth < 3:
+            shrink_config(value, depth + 1)
+        elif key in SMALL and isinstance(value, int) and not isinstance(value, bool):
+            setattr(config, key, min(value, SMALL[key]))
+        elif isinstance(value, float) and ("dropout" in key or key.endswith(("layerdrop", "pdrop")) or key in (
+                "mask_time_prob", "mask_feature_prob", "drop_path_rate")):
+            setattr(config, key, 0.0)  # layers skipped at random would make the two runs differ
+    fields = vars(config)  # not getattr: 5.x per-layer attributes raise when read globally
+    if isinstance(fields.get("num_key_value_heads"), int) and isinstance(fields.get("num_attention_heads"), int):
+        config.num_key_value_heads = min(fields["num_key_value_heads"], fields["num_attention_heads"])
+    vocab = getattr(config, "vocab_size", None)
+    if isinstance(vocab, int):
+        for key in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id", "sep_token_id",
+                    "cls_token_id", "mask_token_id", "unk_token_id"):
+            tid = getattr(config, key, None)
+            if isinstance(tid, int) and tid >= vocab:
+                setattr(config, key, 1)
+    if hasattr(config, "use_cache"):
+        config.use_cache = False
+    return config
+
+
+def _model_types(only: Optional[List[str]], with_variants: bool = False):
+    """(model type, base class name, config class name) of the release; with_variants also yields
+    ``<type>+<variant>`` for each variant of ``sweep_families`` (when its type is selected)."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+    from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
+
+    import sweep_families
+
+    variants = sweep_families.variants() if with_variants else {}
+    for model_type, class_name in MODEL_MAPPING_NAMES.items():
+        if isinstance(class_name, (list, tuple)):
+            class_name = class_name[0]
+        names = [model_type] + [f"{model_type}+{v}" for v in variants.get(model_type, {})]
+        for name in names:
+            if not only or name in only or (name != model_type and model_type in only):
+                yield name, class_name, CONFIG_MAPPING_NAMES.get(model_type)
+
+
+def _short(exc: BaseException) -> str:
+    from hotfix.diagnostics.compare import short_error
+
+    return short_error(exc, limit=160)
+
+
+def build(model_type: str, class_name: str, config_name: str):
+    """(model, config, batch) of a model type, from its config class's defaults shrunk small.
+
+    ``sweep_families`` adds what the generic shrink and inputs cannot guess for a family; callers
+    ask ``sweep_families.unbuildable`` first.
+    """
+    import warnings
+
+    import torch
+    import transformers
+
+    import sweep_families
+
+    model_type, variant = sweep_families.split_variant(model_type)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cls = getattr(transformers, class_name)
+        make_config = sweep_families.factory(model_type) or (lambda config_class: config_class())
+        config = shrink_config(make_config(getattr(transformers, config_name)))
+        for fix in (sweep_families.config_fix(model_type), variant):
+            if fix is not None:
+                fix(config)
+        torch.manual_seed(0)
+        model = cls(config).train()
+        make_inputs = sweep_families.inputs_for(model_type)
+        if make_inputs is not None:
+            return model, config, make_inputs(model, config, torch.Generator().manual_seed(0))
+        return model, config, fit_image_tokens(model, config, dummy_batch(model, config))
+
+
+ADAPTERS_NEVER_RUN = ("the LoRA adapters never reach the loss: none gets a gradient even without checkpointing, "
+                      "so there is nothing to compare")
+
+
+def _adapters_never_run(report) -> bool:
+    """A LoRA recipe with nothing to compare: the step without checkpointing gives no adapter a gradient
+    (VideoMAE 4.x calls ``F.linear(x, self.query.weight, ...)``, WavLM hands the projections' weights to
+    ``F.multi_head_attention_forward``, MRA without its CUDA kernel returns zeros for attention), so
+    "equal" would only mean None == None (or, with nothing else trainable, the loss does not require grad)."""
+    if report.reference.status == "reference":
+        return bool(report.parameters) and len(report.without_gradient) == len(report.parameters)
+    return "does not require grad without checkpointing" in (report.reference.error or "")
+
+
+def check_one(model_type: str, class_name: str, config_name: Optional[str], memory_limit: int, time_limit: float,
+              recipes=("full",), modes=SWEEP_MODES, dtype: str = "float32") -> List[Dict]:
+    """One row per recipe: pass / FAIL / n/a / could-not-build / could-not-run / no-checkpointing.
+
+    ``dtype="float64"``: the model and the batch's float tensors in double precision (the checker's tolerance
+    follows: 1e-10), to tell rounding (shrinks by ~1e-9) from a real difference (does not)."""
+    import warnings
+
+    import torch
+    import transformers
+
+    from hotfix.diagnostics.checker import check_model
+    from sweep_recipes import NotApplicable, apply
+
+    def row(recipe, **fields):
+        return dict({"model_type": model_type, "class": class_name, "recipe": recipe}, **fields)
+
+    import sweep_families
+
+    reason = sweep_families.unbuildable(model_type)
+    if reason:
+        return [row(r, result="could-not-build", detail=reason) for r in recipes]
+    try:
+        declares = getattr(getattr(transformers, class_name), "supports_gradient_checkpointing", False)
+    except BaseException as exc:  # some modules raise ImportError/SystemExit for missing extras
+        return [row(r, result="could-not-build", detail=_short(exc)) for r in recipes]
+    if not declares:
+        return [row(r, result="no-checkpointing", detail="supports_gradient_checkpointing is False") for r in recipes]
+    rows = []
+    for recipe in recipes:
+        try:
+            model, config, batch = build(model_type, class_name, config_name)
+            if dtype == "float64":  # before the recipe: LoRA adapters follow their base layer's dtype
+                model, batch = model.double(), to_dtype(batch, torch.float64)
+                if hasattr(model, "set_experts_implementation"):  # 5.x MoE default grouped_mm has no float64 kernel
+                    model.set_experts_implementation("eager")
+        except BaseException as exc:
+            rows.append(row(recipe, result="could-not-build", detail=_short(exc)))
+            continue
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                model = apply(model, recipe)
+        except NotApplicable as exc:
+            rows.append(row(recipe, result="n/a", detail=str(exc)))
+            continue
+        except BaseException as exc:
+            rows.append(row(recipe, result="could-not-build", detail="recipe: " + _short(exc)))
+            continue
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            report = check_model(model, batch, loss_fn=sweep_loss, modes=modes, memory_limit=memory_limit, time_limit=time_limit,
+                                 hard_exit=True, grace=30)
+        out = row(recipe, parameters=len(report.parameters))
+        if recipe.startswith("lora") and _adapters_never_run(report):
+            out.update(result="n/a", detail=ADAPTERS_NEVER_RUN)
+        elif report.reference.status != "reference":
+            out.update(result="could-not-run", detail=report.reference.error)
+        elif not report.supported:
+            out.update(result="no-checkpointing", detail=report.modes[0].error if report.modes else "")
+        else:
+            out["modes"] = {m.mode: {"status": m.status, "summary": m.summary(), "missing": len(m.missing),
+                                     "wrong": len(m.wrong), "total": m.total, "saved_bytes": m.saved_bytes,
+                                     "max_error": m.max_error}
+                            for m in report.modes}
+            out["result"] = "pass" if report.safe else "FAIL"
+        rows.append(out)
+        del model, batch
+    return rows
+
+
+def census_main() -> int:
+    """Which model types of this release declare supports_gradient_checkpointing (classes imported, none built)."""
+    import warnings
+
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    found: Dict[str, List[str]] = {"checkpointable": [], "not": [], "unknown": []}
+    for model_type, class_name, _ in _model_types(None):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                declares = getattr(getattr(transformers, class_name), "supports_gradient_checkpointing", False)
+        except BaseException:  # missing extras (timm, PIL): counted as checkpointable below, never as checked
+            found["unknown"].append(model_type)
+            continue
+        found["checkpointable" if declares else "not"].append(model_type)
+    found["checkpointable"] += found["unknown"]  # the honest denominator: what could not be imported counts
+    print(json.dumps({"census": found}), flush=True)
+    return 0
+
+
+def worker_main(args) -> int:
+    import torch
+
+    torch.set_num_threads(1)
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    from hotfix.registry import registry
+
+    only = args.models.split(",") if args.models else None
+    skip = set(args.skip.split(",")) if args.skip else set()
+    recipes = args.recipes.split(",")
+    meta = {"transformers": transformers.__version__, "torch": torch.__version__, "hotfix": registry.active,
+            "function": args.function}
+    if args.function == "unsloth":
+        from zoo_loader import install_unsloth_swap, load_release
+
+        install_unsloth_swap(load_release())  # asserts torch's CheckpointFunction is now unsloth's
+        from importlib.metadata import version
+
+        from hotfix.diagnostics.modes import installed_checkpoint
+
+        meta.update(unsloth_zoo=version("unsloth_zoo"), checkpoint_function=installed_checkpoint())
+    for model_type, class_name, config_name in _model_types(only, with_variants=True):
+        if model_type in skip:
+            continue
+        print(json.dumps({"start": model_type}), flush=True)
+        base = {"model_type": model_type, "class": class_name}
+        if config_name is None:
+            rows = [dict(base, recipe=r, result="could-not-build", detail="no config") for r in recipes]
+        else:
+            try:
+                rows = check_one(model_type, class_name, config_name, args.memory_limit, args.time_limit, recipes,
+                                 FUNCTION_MODES[args.function], args.dtype)
+            except BaseException as exc:
+                rows = [dict(base, recipe=r, result="could-not-run", detail=_short(exc)) for r in recipes]
+        for row in rows:
+            row.update(meta)
+            print(json.dumps({"row": row}), flush=True)
+        print(json.dumps({"finished": model_type}), flush=True)
+    print(json.dumps({"done": True}), flush=True)
+    return 0
