@@ -9,12 +9,16 @@ A value that is not understood never raises: it gets one warning on the
                              0/false/no/off or empty or unset -> hotfix is active
                              anything else  -> warning, treated as set (disabled)
     HOTFIX_DISABLED_PATCHES  comma-separated patch names to skip; unknown names
-                             get a warning that lists the known ones
+                             get a warning that lists the known ones (the
+                             registry also accepts a fix's former names)
     HOTFIX_LOG_LEVEL         DEBUG / INFO / WARNING / ERROR for the ``hotfix``
                              logger, shown on stderr even where nothing set up
-                             logging (hotfix.notice); WARNING and ERROR also
+                             logging (the registry attaches hotfix.notice's
+                             handler at activation); WARNING and ERROR also
                              silence the one "repaired" line
                              (default: leave the logger as configured)
+
+Parsing only: this module imports nothing of hotfix.
 """
 
 from __future__ import annotations

@@ -1,66 +1,17 @@
 """transformers: ``enable_input_require_grads()``'s hook makes a leaf the model changes in place, or raises on a tuple.
 
-What breaks
------------
-``PreTrainedModel.enable_input_require_grads()`` registers a forward hook on
-the input embeddings that calls ``output.requires_grad_(True)``.  With the
-embeddings frozen (LoRA, adapters) that output has no history, so the hook
-turns it into a *leaf* tensor that requires grad, and autograd forbids
-in-place operations on such a leaf.  Several models change exactly that
-tensor in place right after the embedding lookup:
+What breaks: the hook calls ``output.requires_grad_(True)`` on the input embeddings' output.
+With frozen embeddings (LoRA) that output becomes a leaf needing grad, and GIT, BLIP's text
+model, BLT and CSM change it in place right after: "a leaf Variable that requires grad is
+being used in an in-place operation".  From 5.0 ``gradient_checkpointing_enable()`` calls the
+method itself, so merely turning checkpointing on crashes.  Embeddings that return a tuple
+(Swin family, Data2Vec-vision, Hiera, TimeSformer) make the hook raise AttributeError.
 
-* GIT ``embeddings += position_embeddings`` (``modeling_git.py``), BLIP's text
-  model the same (``modeling_blip_text.py``);
-* BLT adds its hash n-gram embeddings in place (``modeling_blt.py``);
-* CSM's depth decoder writes into a slice (``inputs_embeds[:, 0] = ...``,
-  ``modeling_csm.py``).
-
-The first forward raises "RuntimeError: a leaf Variable that requires grad is
-being used in an in-place operation" (CSM: "a view of a leaf Variable ...").
-Gradient checkpointing is what calls the hook for most users: from 5.0
-``gradient_checkpointing_enable()`` / ``activation_checkpointing_enable()``
-call ``enable_input_require_grads()`` for every model whose main input is
-``input_ids``, so on 5.x a LoRA script on these models that merely turns
-checkpointing on crashes (tiny GIT, BLIP, BLT, CSM on 5.23.0, reentrant and
-non-reentrant alike; the same script without checkpointing trains).  On 4.x
-it is the documented PEFT recipe (``enable_input_require_grads()`` before
-checkpointing) that crashes the same way.
-
-The same hook has a second defect: it assumes the input embeddings return a
-tensor.  The Swin family's patch embeddings return ``(embeddings,
-output_dimensions)`` (Swin, Swinv2, Swin2SR, Donut-Swin, MaskFormer-Swin),
-Data2Vec-vision's ``(embeddings, (height, width))``, Hiera's and
-TimeSformer's a tuple too, so after ``enable_input_require_grads()`` every
-forward raises "AttributeError: 'tuple' object has no attribute
-'requires_grad_'": the documented LoRA recipe for reentrant checkpointing
-cannot even start on these models (4.56.2, 4.57.6, 5.23.0; the hook fires on
-every forward, with or without checkpointing).
-
-How this patch fixes it
------------------------
-``PreTrainedModel.enable_input_require_grads`` is wrapped (wrapt); after it
-ran, each hook it registered (the handles it stores as ``_require_grads_hook``
-/ ``_require_grads_hooks``) is replaced in its module's hook table by a plain
-function around it (torch.compile traces forward hooks; a wrapt proxy there
-would be a graph break), so the handle still removes it.  The hook runs
-as before; when that left the output a leaf requiring grad (grad mode on), the
-module's output becomes ``output.clone()`` instead: the same values, with a
-history, so the model may change it in place and the gradient still reaches
-the leaf, exactly as upstream meant.  The cost is one copy of the embeddings'
-output per forward (the size of one layer's input).  Trainable embeddings
-(the output has a history), ``no_grad`` and eval forwards are untouched.
-When the embeddings return a plain tuple or list, upstream's hook (which would
-raise) is not called: each floating-point tensor in it is made to require
-grad, as upstream does to a single tensor, and handed on as a copy under the
-same rule; the other items (sizes, masks, indices) pass through unchanged.
-Both defects live in the one hook this patch replaces, so they are one fix: a
-second patch replacing the same hook would have to know about this one.
-
-Only the base implementation is covered: 4.x Idefics2/Idefics3/SmolVLM
-override ``enable_input_require_grads`` with hooks of their own (none of them
-changes the embeddings in place).  The replacement hooks check at each call
-that this patch is still applied, so after ``revert()`` the hooks already in
-a model behave as upstream's again.
+How this fixes it: ``enable_input_require_grads`` is wrapped; each hook it registers is
+replaced in its module's hook table by a plain function around it (the handle still removes
+it) that hands on ``output.clone()`` where upstream's hook left a leaf needing grad, and for a
+tuple makes its floating-point tensors require grad the same way.  After ``revert()`` the
+hooks already in a model behave as upstream's.  docs/fixes/transformers-input-grads-leaf.md.
 """
 
 from __future__ import annotations

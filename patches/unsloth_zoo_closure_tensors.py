@@ -1,34 +1,15 @@
 """unsloth-zoo >= 2024.11.6: tensors in a checkpointed ``partial``'s closure break backward.
 
-What breaks
------------
-``unsloth_zoo.gradient_checkpointing.UnslothCheckpointFunction`` is a
-reentrant checkpoint (an ``autograd.Function``): only the tensors passed to
-``apply(run_function, preserve_rng_state, *args)`` positionally are inputs of
-its graph node.  When ``run_function`` is a ``functools.partial`` holding a
-tensor that requires grad (transformers' ``GradientCheckpointingLayer`` passes
-``partial(layer.__call__, encoder_hidden_states=enc, ...)``), the backward
-recomputes with the *original* tensor and walks its whole history again, once
-per layer: "Trying to backward through the graph a second time" on Whisper's
-second decoder layer.  Every release from 2024.11.6 (the first with this
-class) to 2026.10.9 has it; 2026.8.11 only fixed keywords passed to
-``unsloth_checkpoint(fn, *args, **kwargs)`` itself.
+What breaks: ``UnslothCheckpointFunction`` is a reentrant checkpoint; only the tensors passed
+to ``apply(run_function, preserve_rng_state, *args)`` positionally are inputs of its node.  A
+``functools.partial`` holding a tensor that needs grad (transformers' layers bind
+``encoder_hidden_states=`` that way) is recomputed with the original tensor, whose history is
+walked again per layer: "Trying to backward through the graph a second time" (Whisper).
 
-How this patch fixes it
------------------------
-Every way into unsloth's checkpoint ends in ``UnslothCheckpointFunction.apply``:
-torch's ``checkpoint`` (after unsloth swaps ``torch.utils.checkpoint.
-CheckpointFunction``), ``unsloth_checkpoint``, and direct calls.  We wrap that
-classmethod (wrapt ``FunctionWrapper`` around the inherited ``classmethod``
-object, set on the class itself) so that a partial's closure tensors become
-extra positional inputs (``hotfix.patches._checkpoint_inputs.lift_closure_tensors``),
-put back in place inside the recomputation.  Because the wrapper sits on the
-class, it works however late hotfix is activated, before or after unsloth's
-``patch_unsloth_smart_gradient_checkpointing()`` swapped torch's function.
-On the transformers path the transformers patch has usually lifted the
-tensors already; the function we then see is no longer a partial and the call
-goes through unchanged.  Reverting deletes the class attribute, so the
-inherited ``Function.apply`` is visible again.
+How this fixes it: ``UnslothCheckpointFunction.apply`` (every path into unsloth's checkpoint
+ends there) is wrapped on the class; a partial's closure tensors become extra positional
+inputs, put back in place inside the recomputation (``_checkpoint_inputs``).  Revert deletes
+the class attribute.  docs/fixes/unsloth-zoo-closure-tensors.md.
 """
 
 from __future__ import annotations

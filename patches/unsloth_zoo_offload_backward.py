@@ -1,46 +1,16 @@
 """unsloth-zoo 2025.1.1 - 2026.8.10: smart-offload checkpoint drops gradients / offloads late.
 
-What breaks
------------
-2025.1.1 rewrote ``UnslothCheckpointFunction`` to offload each layer's first
-input (``args[0]``) to host memory.  Two defects came with it:
+What breaks: from 2025.1.1 ``UnslothCheckpointFunction`` offloads each layer's first input to
+host memory.  Whether the node needs a backward is decided from ``args[0]`` alone, so a frozen
+first input with another input needing grad returns too few gradients (fixed in 2026.8.11);
+and before 2025.11.5 nothing is offloaded during the first step (step 1 peaks at full memory).
 
-* frozen first input (2025.1.1 - 2026.8.10): whether the node needs a backward is decided from
-  ``args[0]`` alone.  When ``args[0]`` is frozen but another input requires
-  grad (frozen embeddings + LoRA; Whisper's decoder with frozen embeddings once
-  ``encoder_hidden_states`` is an input), forward saves nothing and backward
-  returns a bare ``None``: "function UnslothCheckpointFunctionBackward returned
-  an incorrect number of gradients (expected N, got 1)".  Fixed in 2026.8.11.
-* late offload (2025.1.1 - 2025.11.4): the offload gate ``CURRENT_GC_INDEX !=
-  LAST_GC_INDEX`` is false for every layer of the first pass, so the first
-  step keeps every activation on the GPU: the peak memory of step 1 is that of
-  no offloading, and a run sized for offloading runs out of memory at step 1.
-  Fixed in 2025.11.5 (``or FIRST_PASS``).
-
-How this patch fixes it
------------------------
-Both live in ``forward``/``backward``, which depend on each other (what
-forward saves is what backward can give gradients for), so on the affected
-releases we replace the two staticmethods with our own reentrant checkpoint
-(built here, offloading through ``hotfix.patches._offload.ActivationOffloader``):
-
-* every tensor input is saved (or, for ``args[0]``, offloaded) and backward
-  returns a gradient slot for every input: no frozen-first-input crash;
-* ``args[0]`` is offloaded from the first step whenever it is above the size
-  threshold (2 MiB, like unsloth), except the last layer once the first pass
-  has told us how many layers there are: no late offload;
-* RNG state, autocast state and the recomputation under ``enable_grad`` are
-  handled as torch's own reentrant ``CheckpointFunction`` does;
-* on releases that have it (2026.7.1+), the recomputation runs inside the
-  release's ``_gradient_checkpoint_recompute_marker`` so its
-  ``in_gradient_checkpoint_recompute()`` keeps answering correctly.
-
-The class object, its name (unsloth checks ``__name__``) and its ``apply``
-stay as they are; revert puts the original staticmethods back.  unsloth's own
-buffers (allocated by ``initialize_unsloth_gradient_checkpointing``) are left
-allocated but unused while the patch is applied.  2026.8.11+ gets no
-replacement: its forward/backward are correct there and carry later upstream
-work (double buffering, slot pool, prefetch).
+How this fixes it: on the affected releases ``forward``/``backward`` are replaced by hotfix's
+own reentrant checkpoint: every tensor input is saved (``args[0]`` offloaded from step 1
+through ``_offload.ActivationOffloader``), backward returns a gradient for every input, RNG and
+autocast state are kept as torch's reentrant checkpoint keeps them.  The class, its name and
+its ``apply`` stay; revert puts the original staticmethods back.
+docs/fixes/unsloth-zoo-offload-backward.md.
 """
 
 from __future__ import annotations

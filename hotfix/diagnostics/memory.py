@@ -26,14 +26,22 @@ def rss_bytes() -> Optional[int]:
         return None
 
 
-def available_bytes() -> Optional[int]:
+def proc_kib_field(path: str, field: str) -> Optional[int]:
+    """Bytes of a ``Field:  <n> kB`` line of a /proc file (``/proc/meminfo``, ``/proc/self/status``), or None."""
     try:
-        with open("/proc/meminfo") as f:
+        with open(path) as f:
             for line in f:
-                if line.startswith("MemAvailable:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1]) * 1024
     except Exception:
         pass
+    return None
+
+
+def available_bytes() -> Optional[int]:
+    found = proc_kib_field("/proc/meminfo", "MemAvailable")
+    if found is not None:
+        return found
     try:
         import psutil
 

@@ -114,3 +114,36 @@ def test_every_registered_fix_follows_the_contract(name, targets):
         assert seen["apply_drifted"] is False, seen
         assert len(seen["drift_lines"]) == 1 and name in seen["drift_lines"][0] and "skipped" in seen["drift_lines"][0], seen
     assert before["changed_after_revert"] == [], before
+
+
+# --------------------------------------------------------------------------------------------
+# The declarations every built-in fix carries, read without importing torch or its target.
+def _builtin_fixes():
+    import hotfix
+
+    return [p for key, p in sorted(hotfix.known_patches().items())
+            if hotfix.registry.sources.get(key) == "hotfix-checkpoint"]
+
+
+def test_every_builtin_fix_declares_its_mechanisms_docs_and_a_short_docstring():
+    """Mechanisms with valid ranges (the census checks them against measurements), a
+    "What breaks / How this fixes it" module docstring of at most 15 lines, and a docs page."""
+    import sys
+
+    from packaging.specifiers import SpecifierSet
+
+    from conftest import REPO
+
+    fixes = _builtin_fixes()
+    assert len(fixes) == 5, [p.name for p in fixes]
+    for patch in fixes:
+        assert patch.mechanisms and patch.symptom and patch.upstream, patch.name
+        assert len({m.name for m in patch.mechanisms}) == len(patch.mechanisms), patch.name
+        for mechanism in patch.mechanisms:
+            assert mechanism.summary and mechanism.affected, (patch.name, mechanism)
+            for spec in mechanism.affected.values():
+                SpecifierSet(spec)  # raises on an invalid range
+        doc = sys.modules[type(patch).__module__].__doc__
+        assert "What breaks" in doc and "How this fixes it" in doc, patch.name
+        assert len(doc.strip().splitlines()) <= 15, (patch.name, len(doc.strip().splitlines()))
+        assert (REPO / "docs" / "fixes" / f"{patch.name}.md").is_file(), patch.name

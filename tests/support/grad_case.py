@@ -40,7 +40,7 @@ def case_result(report, result):
 def run(case, mode):
     import transformers
 
-    from hotfix.diagnostics import tiny_models
+    import tiny_models  # tools/lab (on the child's PYTHONPATH)
     from hotfix.diagnostics.checker import check_model
 
     result = {"case": case, "transformers": transformers.__version__}

@@ -202,7 +202,7 @@ def case_status(gc):
     from hotfix.cli import status
 
     out = io.StringIO()
-    status(out=out)
+    status(out=out, verbose=True)
     return dict(status="ok", text=out.getvalue())
 
 

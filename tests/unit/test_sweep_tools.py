@@ -177,3 +177,28 @@ def test_a_lora_recipe_whose_adapters_never_run_is_not_applicable_rather_than_a_
                      error="CheckerError: the loss does not require grad without checkpointing: nothing to check")
     assert _adapters_never_run(report(cut, []))
     assert not _adapters_never_run(report(ModeResult(mode="none", status="error", error="RuntimeError: boom"), []))
+
+
+def test_the_tracked_store_is_one_deterministic_gzip_per_line_and_merges_a_pending_run(tmp_path):
+    """docs/sweep-results/: a run appends to .sweep/<store>.pending.jsonl; compacting keeps the last row per
+    cell and writes one gzip file per release line, byte-identical when nothing changed."""
+    import json
+
+    import sweep_store
+
+    store = tmp_path / "docs" / "sweep-results"
+    pending = sweep_store.append_target(store)
+    assert pending == tmp_path / ".sweep" / "sweep-results.pending.jsonl"
+    pending.parent.mkdir()
+    rows = [{"model_type": "llama", "recipe": "full", "hotfix": True, "transformers": v, "result": r,
+             "function": "torch"} for v, r in (("4.56.2", "fail"), ("5.23.0", "pass"), ("4.56.2", "pass"))]
+    pending.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    assert len(load_results(store)) == 3  # the store is empty, the pending run is read
+    assert compact_results(store) == 1  # the superseded 4.56.2 row
+    assert not pending.exists()
+    assert sorted(p.name for p in store.iterdir()) == ["4.56.2.jsonl.gz", "5.23.0.jsonl.gz"]
+    first = {p.name: p.read_bytes() for p in store.iterdir()}
+    assert [r["result"] for r in load_results(store) if r["transformers"] == "4.56.2"] == ["pass"]
+    pending.write_text(json.dumps(rows[1]) + "\n")  # a re-run that changes nothing
+    compact_results(store)
+    assert {p.name: p.read_bytes() for p in store.iterdir()} == first

@@ -138,7 +138,10 @@ def _check_hotfix(version, got):
     assert "unsloth-zoo-closure-tensors: APPLIED to unsloth_zoo.gradient_checkpointing" in status
     if "unsloth-zoo-offload-backward" in applied:
         assert "unsloth-zoo-offload-backward: APPLIED to unsloth_zoo.gradient_checkpointing" in status
-        assert ("here both:" if version == "2025.11.3" else "here only frozen args[0]") in status
+        # the mechanisms in range here: both before 2025.11.5, the frozen first input alone after
+        assert "[here] frozen-first-input (unsloth-zoo >=2025.1.1,<2026.8.11)" in status
+        late_here = "[here] late-offload (unsloth-zoo >=2025.1.1,<2025.11.5)" in status
+        assert late_here is (version == "2025.11.3"), status
     else:
         assert "unsloth-zoo-offload-backward: not needed here" in status
         assert f"unsloth-zoo {version} is outside the affected range >=2025.1.1,<2026.8.11" in status
@@ -217,6 +220,6 @@ def test_status_cli_reports_unimportable_zoo():
     proc = run_python(["-m", "hotfix", "status"], pythonpath=[matrix_path("unsloth-zoo", "2026.10.9")], timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
-    assert "unsloth-zoo   2026.10.9" in out
+    assert "unsloth-zoo 2026.10.9" in out
     assert "unsloth-zoo-closure-tensors: target failed to import:" in out
     assert "unsloth-zoo-offload-backward: not needed here" in out

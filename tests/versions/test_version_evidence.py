@@ -104,7 +104,7 @@ def test_odd_transformers_metadata_still_fixes_whisper(tmp_path, case):
     seen = json_lines(proc.stdout)[0]
     assert seen["trains"] is True, seen
     status = seen["status"]
-    assert "transformers  4.56.2  (! " in status and phrase in status, status
+    assert "transformers 4.56.2  (! " in status and phrase in status, status
     assert "APPLIED to transformers.modeling_layers" in status, status
     lines = hotfix_lines(proc.stderr)
     assert len(lines) == 1 and phrase in lines[0], proc.stderr  # one line per library, not per patch

@@ -146,14 +146,9 @@ def _max_rss_bytes():
     """Peak RSS of this process image (VmHWM).  Not ru_maxrss: Linux carries that
     over from the parent across fork+exec, so a child of a big process would
     report the parent's size."""
-    try:
-        with open("/proc/self/status") as handle:
-            for line in handle:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
+    from hotfix.diagnostics.memory import proc_kib_field
+
+    return proc_kib_field("/proc/self/status", "VmHWM")
 
 
 def rss_child(variant):

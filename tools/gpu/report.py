@@ -46,6 +46,24 @@ def tests_summary(path):
     return {"ran": True, **counts, "cases": cases}
 
 
+def sanitizer_summary(path):
+    """What CUDA's stream sanitizer said (scripts/gpu/run's sanitizer step): per release, races reported,
+    exit status and the JSON result line; None when the step did not run."""
+    try:
+        text = open(path).read()
+    except OSError:
+        return None
+    releases = {}
+    for block in text.split("## unsloth-zoo ")[1:]:
+        version, _, body = block.partition("\n")
+        rows = [json.loads(line) for line in body.splitlines() if line.startswith("{")]
+        status = [line.split()[-1] for line in body.splitlines() if line.startswith("exit status")]
+        releases[version.strip()] = {"races": body.count("CSAN detected a possible data race"),
+                                     "exit_status": int(status[-1]) if status else None,
+                                     "result": rows[0] if rows else None}
+    return releases
+
+
 def _ratio(a, b):
     return None if a is None or b in (None, 0) else a / b
 
@@ -80,7 +98,7 @@ def _mib(value):
     return "–" if value is None else f"{value / 2**20:,.0f} MiB"
 
 
-def markdown(env, tests, bench, found):
+def markdown(env, tests, bench, found, sanitizer=None):
     lines = ["# GPU kit results", ""]
     lines += [f"- {k}: {v}" for k, v in env.items()]
     lines += ["", "## GPU tests", ""]
@@ -89,6 +107,14 @@ def markdown(env, tests, bench, found):
         lines += [f"- {c['outcome']}: {c['name']} ({c['seconds']:.1f} s)" for c in tests["cases"]]
     else:
         lines.append("not run")
+    lines += ["", "## CUDA stream sanitizer (TORCH_CUDA_SANITIZER=1) over hotfix's offloader", ""]
+    if not sanitizer:
+        lines.append("not run")
+    for version, found_here in (sanitizer or {}).items():
+        result = found_here["result"] or {}
+        lines.append(f"- unsloth-zoo {version}: {found_here['races']} race(s) reported, exit status "
+                     f"{found_here['exit_status']}, status {result.get('status', '–')}, gradients equal "
+                     f"{result.get('grads_equal', '–')}")
     lines += ["", "## Benchmark", ""]
     settings = bench.get("settings", {})
     lines.append("settings: " + ", ".join(f"{k}={v}" for k, v in settings.items() if k in
@@ -116,11 +142,14 @@ def main(argv=None):
     tests = tests_summary(os.path.join(out, "gpu-tests.xml"))
     bench = _load(os.path.join(out, "bench.json"), {})
     found = targets(bench.get("rows", []))
+    sanitizer = sanitizer_summary(os.path.join(out, "sanitizer.txt"))
     with open(os.path.join(out, "results.json"), "w") as handle:
-        json.dump({"environment": env, "tests": tests, "bench": bench, "targets": found}, handle, indent=1)
+        json.dump({"environment": env, "tests": tests, "bench": bench, "targets": found, "sanitizer": sanitizer},
+                  handle, indent=1)
+    text = markdown(env, tests, bench, found, sanitizer)
     with open(os.path.join(out, "report.md"), "w") as handle:
-        handle.write(markdown(env, tests, bench, found))
-    print(markdown(env, tests, bench, found))
+        handle.write(text)
+    print(text)
     return 0
 
 

@@ -5,7 +5,7 @@
                                                       # torch's and unsloth's checkpoint functions
     python tools/sweep/sweep_models.py --fast               # the CI subset (tests/versions/test_sweep_fast.py)
     python tools/sweep/sweep_models.py --versions 4.56.2 --models bert,whisper
-    python tools/sweep/sweep_models.py --render-only        # rebuild docs/sweep.md from docs/sweep-results.jsonl
+    python tools/sweep/sweep_models.py --render-only        # rebuild docs/sweep.md from docs/sweep-results/
     python tools/sweep/sweep_models.py --dtype float64      # .sweep/results-float64.jsonl and .sweep/results-float64.md
                                                       # model and inputs in float64: is an fp32 difference rounding?
 
@@ -54,6 +54,7 @@ from packaging.version import Version
 
 # tools/ is this script's folder, first on sys.path when it runs
 from sweep_recipes import RECIPES
+import sweep_store
 from sweep_report import (DONE, _cell, census, compact_results, compact_table, function_of, load_results, recipe_of,
                           render)
 from sweep_worker import FUNCTION_MODES, census_main, worker_main
@@ -62,7 +63,7 @@ REPO = Path(__file__).resolve().parents[2]
 LAB = REPO / "tools" / "lab"  # zoo_loader (the unsloth function), tiny model helpers
 sys.path.insert(0, str(LAB))
 MATRIX = REPO / ".matrix"
-RESULTS = REPO / "docs" / "sweep-results.jsonl"
+RESULTS = REPO / "docs" / "sweep-results"  # the tracked store: one .jsonl.gz per release line (sweep_store)
 DEFAULT_VERSIONS = ["4.56.2", "4.57.6", "5.23.0"]
 FAST_VERSIONS = ["4.56.2"]
 # The CI subset: two models hotfix fixes, two that were never broken.
@@ -173,7 +174,7 @@ def main(argv=None) -> int:
     p.add_argument("--fast", action="store_true", help=f"CI subset: {','.join(FAST_MODELS)} on {FAST_VERSIONS}")
     p.add_argument("--versions", default=None, help="comma list (default: %s)" % ",".join(DEFAULT_VERSIONS))
     p.add_argument("--models", default="", help="comma list of model types (default: all)")
-    p.add_argument("--results", default=None, help="JSON-lines results file (default: docs/sweep-results.jsonl)")
+    p.add_argument("--results", default=None, help="JSON-lines results file, or a store directory (default: docs/sweep-results/)")
     p.add_argument("--doc", default=None, help="markdown table to write (default: docs/sweep.md)")
     p.add_argument("--fresh", action="store_true", help="ignore earlier results instead of resuming")
     p.add_argument("--render-only", action="store_true")
@@ -201,14 +202,15 @@ def main(argv=None) -> int:
     models = args.models.split(",") if args.models else (FAST_MODELS if args.fast else None)
     # --fast and float64 runs never write into the float32 results or docs/sweep.md unless told to.
     side_run = "fast" if args.fast else "results-float64" if args.dtype == "float64" else None
-    # The main results are tracked (docs/sweep-results.jsonl): they are the evidence behind docs/sweep.md and a
+    # The main results are tracked (docs/sweep-results/): they are the evidence behind docs/sweep.md and a
     # sweep takes hours, so they must outlive a checkout; side runs stay in the ignored .sweep/.
     results_path = Path(args.results or (REPO / ".sweep" / f"{side_run}.jsonl" if side_run else RESULTS))
     doc = Path(args.doc or (REPO / ".sweep" / f"{side_run}.md" if side_run else REPO / "docs" / "sweep.md"))
-    results_path.parent.mkdir(parents=True, exist_ok=True)
-    if args.fresh and results_path.exists():
+    if args.fresh and results_path.exists() and not sweep_store.is_store(results_path):
         results_path.unlink()
     results = load_results(results_path)
+    appended = sweep_store.append_target(results_path)  # a running sweep appends here (resumable)
+    appended.parent.mkdir(parents=True, exist_ok=True)
     import torch
 
     recipes = args.recipes.split(",")
@@ -228,7 +230,7 @@ def main(argv=None) -> int:
             if census(results, version) is None:
                 row = dict(take_census(version), model_type="__census__", transformers=version)
                 results.append(row)
-                with results_path.open("a") as f:
+                with appended.open("a") as f:
                     f.write(json.dumps(row) + "\n")
 
         def run_half(version, hotfix_on, function):
@@ -249,7 +251,7 @@ def main(argv=None) -> int:
                     row["dtype"] = args.dtype
                 with lock:
                     results.append(row)
-                    with results_path.open("a") as f:
+                    with appended.open("a") as f:
                         f.write(json.dumps(row) + "\n")
                     print(f"[{row['transformers']} {function:<7} hotfix {'on ' if hotfix_on else 'off'}] {row['model_type']:<28} "
                           f"{recipe_of(row):<17} {_cell(row)[:100]}", flush=True)

@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 from typing import Dict, List, Optional
 
+import sweep_store
+
 
 def _rounding(fp32: str, float64: str, removed: str = "", measured: str = "5.23.0, 2026-11-23") -> str:
     """The note for a failure that float64 (torch's function, on ``measured``) shows to be fp32 rounding."""
@@ -119,33 +121,21 @@ OUT_OF_SCOPE: Dict[str, str] = {
 
 
 def load_results(path: Path) -> List[Dict]:
-    if not path.exists():
-        return []
-    return mark_upstream_crashes([json.loads(line) for line in path.read_text().splitlines() if line.startswith("{")])
+    return mark_upstream_crashes([json.loads(line) for line in sweep_store.read_lines(path)])
+
+
+def _cell_key(row: Dict) -> tuple:
+    if row["model_type"].startswith("__"):
+        return (row["model_type"], row["transformers"], bool(row.get("hotfix")), function_of(row),
+                row.get("dtype", "float32"))
+    return _twin_key(row) + (bool(row.get("hotfix")),)
 
 
 def compact_results(path: Path) -> int:
-    """Rewrite the results file keeping, per cell, only the row the report uses (the last one written), and one
-    copy of each census and end marker, in the order of their last writing.  A re-run appends; the tracked file
-    would otherwise grow with every superseded row.  Returns how many rows were dropped."""
-    if not path.exists():
-        return 0
-    lines = [line for line in path.read_text().splitlines() if line.startswith("{")]
-    last: Dict[tuple, int] = {}
-    for i, line in enumerate(lines):
-        row = json.loads(line)
-        if row["model_type"].startswith("__"):
-            key = (row["model_type"], row["transformers"], bool(row.get("hotfix")), function_of(row),
-                   row.get("dtype", "float32"))
-        else:
-            key = _twin_key(row) + (bool(row.get("hotfix")),)
-        last[key] = i
-    keep = sorted(last.values())
-    if len(keep) < len(lines):
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text("".join(lines[i] + "\n" for i in keep))
-        tmp.replace(path)  # atomic: a crash here leaves the old file whole
-    return len(lines) - len(keep)
+    """Keep, per cell, only the row the report uses (the last one written), and one copy of each census and end
+    marker, in the order of their last writing.  A re-run appends; the tracked rows would otherwise grow with
+    every superseded row.  Returns how many rows were dropped."""
+    return sweep_store.compact(path, _cell_key)
 
 
 def _twin_key(row: Dict) -> tuple:
@@ -378,7 +368,7 @@ HEADER = [
     "through every checkpoint function the sweep ran. `tools/sweep/sweep_probe.py` measures in minutes how",
     "many types the builder reaches (build + one step, no comparison).",
     "",
-    "The rows behind this page are in `docs/sweep-results.jsonl` (tracked, one JSON object per cell and half).",
+    "The rows behind this page are in `docs/sweep-results/` (tracked, one gzip file of JSON lines per release line, one object per cell and half).",
     "Rows marked `\"restored\": \"docs/sweep.md\"` were rebuilt from this page on 2026-11-24, after the",
     "untracked raw file was lost with a checkout: they hold what the page showed (each result, its detail, the",
     "unpatched half's failing modes and counts), not byte counts or error magnitudes; rendered again they gave",
@@ -388,7 +378,7 @@ HEADER = [
     ".venv-test/bin/python tools/sweep/sweep_models.py --jobs 2                  # 4.56.2, 4.57.6 and 5.23.0, every type, hours",
     ".venv-test/bin/python tools/sweep/sweep_models.py --models llama,whisper    # a subset",
     ".venv-test/bin/python tools/sweep/sweep_models.py --fast                    # CI subset",
-    ".venv-test/bin/python tools/sweep/sweep_models.py --render-only             # this page from docs/sweep-results.jsonl",
+    ".venv-test/bin/python tools/sweep/sweep_models.py --render-only             # this page from docs/sweep-results/",
     "```",
 ]
 
