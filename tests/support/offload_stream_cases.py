@@ -41,9 +41,8 @@ class Step:
 STEPS = (Step(2, 5), Step(3, 8, dropped=Step(2, 4)), Step(1, 3))
 #: name -> (tools/tiny_models builder, virtual device of the encoder, of the decoder)
 CASES = {
-    "whisper-lora": ("whisper-lora", 0, 0),
-    "whisper-full": ("whisper", 0, 0),
-    "whisper-full-two-devices": ("whisper", 0, 1),
+    "whisper-lora-two-devices": ("whisper-lora", 0, 1),  # two side streams, two pools, two staging buffers
+    "whisper-full": ("whisper", 0, 0),  # one device: encoder and decoder share a pool and a staging buffer
 }
 
 

@@ -12,8 +12,8 @@ activations silently.  CUDA's answer (``torch.cuda._sanitizer``) needs a GPU;
   timeline for every virtual device.  Each virtual device has a side stream
   whose copies are only queued; they run when something forces them (compute
   waiting for that stream, end of step) or earlier, at seeded random points
-  (any device call, any compute op, a released buffer), in any order the
-  recorded edges allow.
+  (any device call or compute op; a lease's release is taken in at the next
+  one), in any order the recorded edges allow.
 * Happens-before.  Vector clocks, as in torch.cuda._sanitizer: each compute op
   (seen through a TorchDispatchMode) is a compute epoch, each queued copy a
   side epoch; ``wait(a, b)`` orders a's later work after b's work so far.
@@ -33,7 +33,10 @@ activations silently.  CUDA's answer (``torch.cuda._sanitizer``) needs a GPU;
 Limits: compute streams of different virtual devices share one timeline (a
 wait on the wrong device's compute stream is not caught); compute's accesses
 are checked per op only against memory with side accesses compute does not
-know of (elsewhere no compute access can race).
+know of (elsewhere no compute access can race); a compute read of memory a
+queued copy still writes is reported, not waited for (a GPU would not wait
+either); the pool's acquire is not seen (its effect is: the next copy writes
+the buffer).
 """
 
 from __future__ import annotations
