@@ -14,8 +14,8 @@ autograd code so that it can be tested (and benchmarked) without a GPU.
 The pieces
 ----------
 * A *device* does the five things offloading needs: name the compute stream
-  and the side stream of a tensor's device, make one stream wait for another,
-  run copies on a stream, allocate host / device buffers.
+  and the side stream of a tensor's device (``device_of``), make one stream
+  wait for another, run copies on a stream, allocate host / device buffers.
   :class:`CudaDevice` is the real one (pinned memory, ``non_blocking`` copies,
   one side stream per GPU).  Tests and benchmarks pass CPU devices of the same
   interface (tools/lab/simulated_device.py; tests/support/), not shipped.
@@ -165,7 +165,8 @@ class ActivationOffloader:
         key = _device_key(device)
         pool = self._pools.get(key)
         if pool is None:
-            pool = self._pools[key] = HostBufferPool(self.device.new_host_buffer)
+            pool = self._pools[key] = HostBufferPool(
+                self.device.new_host_buffer, getattr(self.device, "host_buffer_released", None))
         return pool
 
     # -- recomputation guard -------------------------------------------------
@@ -206,10 +207,12 @@ class ActivationOffloader:
             ):
                 self.stats.kept.setdefault(pass_number, []).append(position)
                 return None
-            compute = self.device.compute_stream(tensor.device)
-            side = self.device.side_stream(tensor.device)
-            lease = self.pool(tensor.device).acquire(nbytes)
-            ticket = Offloaded(lease, nbytes, tensor.shape, tensor.dtype, tensor.device, position, pass_number)
+            # tensor.device, except where a device simulates several (the tests' stream sanitizer)
+            device = self.device.device_of(tensor)
+            compute = self.device.compute_stream(device)
+            side = self.device.side_stream(device)
+            lease = self.pool(device).acquire(nbytes)
+            ticket = Offloaded(lease, nbytes, tensor.shape, tensor.dtype, device, position, pass_number)
             self.device.wait(side, compute)
             with torch.no_grad(), self.device.on(side):
                 self.device.copy(ticket.host_view(), tensor.detach(), "to_host")

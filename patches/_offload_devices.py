@@ -1,18 +1,22 @@
 """Where the activation offloader's bytes live (``patches/_offload.py``): the CUDA device and the host buffer pool.
 
 A *device* does the five things offloading needs: name the compute stream and
-the side stream of a tensor's device, make one stream wait for another, run
-copies on a stream, allocate host / device buffers.  :class:`CudaDevice` is the
-real one (pinned memory, ``non_blocking`` copies, one side stream per GPU).  The
-tests and benchmarks drive the offloader with CPU devices of the same interface
-(tools/lab/simulated_device.py, tests/support/), which do not ship.
+the side stream of a tensor's device (``device_of`` says which device that is),
+make one stream wait for another, run copies on a stream, allocate host /
+device buffers.  A device may also define ``host_buffer_released(buffer)``: the
+host buffer pool then tells it when a lease gives its buffer back (the tests'
+stream sanitizer models pool reuse with it; the real device does not need it).
+:class:`CudaDevice` is the real one (pinned memory, ``non_blocking`` copies,
+one side stream per GPU).  The tests and benchmarks drive the offloader with CPU
+devices of the same interface (tools/lab/simulated_device.py, tests/support/),
+which do not ship.
 """
 
 from __future__ import annotations
 
 import collections
 import logging
-from typing import Any, Callable, Deque, Dict, List
+from typing import Any, Callable, Deque, Dict, List, Optional
 
 import torch
 
@@ -42,6 +46,10 @@ class CudaDevice:
         # ROCm builds report HIP tensors as cuda too.  XPU/NPU tensors are not
         # offloaded: they are saved on the device as plain checkpointing does.
         return tensor.is_cuda
+
+    def device_of(self, tensor: torch.Tensor) -> torch.device:
+        """The device whose streams, pool and staging buffer serve ``tensor``."""
+        return tensor.device
 
     def _index(self, device: torch.device) -> int:
         return device.index if device.index is not None else torch.cuda.current_device()
@@ -92,20 +100,27 @@ class HostLease:
     Released explicitly after the copy back; if the activation is never
     reloaded (its graph was dropped without backward) the buffer comes back
     when the lease is garbage collected.  Release only appends to a deque
-    (atomic), so it is safe from ``__del__`` on any thread.
+    (atomic), so it is safe from ``__del__`` on any thread.  ``on_release``
+    (the device's optional ``host_buffer_released``) hears of it first.
     """
 
-    __slots__ = ("buffer", "_returns", "_released")
+    __slots__ = ("buffer", "_returns", "_released", "_on_release")
 
-    def __init__(self, buffer: torch.Tensor, returns: Deque[torch.Tensor]) -> None:
+    def __init__(self, buffer: torch.Tensor, returns: Deque[torch.Tensor],
+                 on_release: Optional[Callable[[torch.Tensor], None]] = None) -> None:
         self.buffer = buffer
         self._returns = returns
         self._released = False
+        self._on_release = on_release
 
     def release(self) -> None:
         if not self._released:
             self._released = True
-            self._returns.append(self.buffer)
+            try:
+                if self._on_release is not None:
+                    self._on_release(self.buffer)
+            finally:  # an observer's failure must not lose the buffer
+                self._returns.append(self.buffer)
 
     def __del__(self) -> None:
         try:
@@ -122,8 +137,10 @@ class HostBufferPool:
     the pool never holds more buffers than were in use at once.
     """
 
-    def __init__(self, allocate: Callable[[int], torch.Tensor]) -> None:
+    def __init__(self, allocate: Callable[[int], torch.Tensor],
+                 on_release: Optional[Callable[[torch.Tensor], None]] = None) -> None:
         self._allocate = allocate
+        self._on_release = on_release
         self._free: List[torch.Tensor] = []
         self._returns: Deque[torch.Tensor] = collections.deque()
         self.allocations = 0
@@ -135,16 +152,21 @@ class HostBufferPool:
             except IndexError:
                 return
 
+    def _take(self, buffer: torch.Tensor) -> None:
+        # By identity: list.remove compares with ==, which on tensors is elementwise (it raised
+        # as soon as the free list held buffers of two sizes and the one taken was not first).
+        del self._free[next(i for i, b in enumerate(self._free) if b is buffer)]
+
     def acquire(self, nbytes: int) -> HostLease:
         self._drain()
         fitting = [b for b in self._free if b.numel() >= nbytes]
         if fitting:
             buffer = min(fitting, key=lambda b: b.numel())
-            self._free.remove(buffer)
+            self._take(buffer)
         else:
             if self._free:
-                self._free.remove(max(self._free, key=lambda b: b.numel()))
+                self._take(max(self._free, key=lambda b: b.numel()))
             size = round_up(nbytes)
             buffer = self._allocate(size)
             self.allocations += 1
-        return HostLease(buffer, self._returns)
+        return HostLease(buffer, self._returns, self._on_release)

@@ -92,6 +92,24 @@ def test_bigger_request_replaces_instead_of_growing_the_pool():
     assert small_again.buffer is big.buffer and pool.allocations == 2  # the small one was dropped, not kept
 
 
+def test_pool_takes_a_buffer_of_a_mixed_size_free_list():
+    """list.remove compared buffers with == (elementwise on tensors): with free buffers of two sizes (Whisper's
+    encoder and decoder activations), taking one that was not first raised 'The size of tensor a ... must match'.
+    Found by the stream-ordering cases (tests/versions/test_offload_stream_order.py)."""
+    from hotfix.patches._offload_devices import HostBufferPool
+
+    pool = HostBufferPool(lambda n: torch.empty(n, dtype=torch.uint8))
+    big, small = pool.acquire(200 * 1024), pool.acquire(64 * 1024)
+    big.release()
+    small.release()
+    taken = pool.acquire(10)
+    assert taken.buffer is small.buffer  # the smallest that fits, though not first in the list
+    grown = pool.acquire(300 * 1024)  # none fits: the largest too-small one (big) is dropped
+    assert pool.allocations == 3 and grown.buffer.numel() >= 300 * 1024
+    grown.release()
+    assert pool.acquire(10).buffer is grown.buffer and pool.allocations == 3  # big is gone, grown is reused
+
+
 def _function_class(offloader):
     forward, backward = build_checkpoint_methods(offloader)
     return type("UnslothCheckpointFunction", (torch.autograd.Function,),

@@ -45,6 +45,9 @@ class SimulatedDevice:
     def handles(self, tensor: torch.Tensor) -> bool:
         return tensor.device.type == "cpu"
 
+    def device_of(self, tensor: torch.Tensor) -> torch.device:
+        return tensor.device
+
     def compute_stream(self, device: torch.device) -> SimulatedStream:
         return self.COMPUTE
 

@@ -1,0 +1,1 @@
+"""Test-only support code (never packaged: tests/ is not in the wheel)."""
