@@ -121,6 +121,8 @@ def compare_grads(
         tol = rtol if rtol is not None else tolerance_for(ref.dtype)
         denom = max(float(ref.double().norm()), floor * scale_all, 1e-30)
         error = float((got.double() - ref.double()).norm()) / denom
+        if math.isnan(error):  # a NaN gradient is infinitely wrong (max() would skip NaN and report 0.0)
+            error = math.inf
         report.max_error = max(report.max_error, error)
         if error <= tol:
             report.equal.append(name)

@@ -32,6 +32,15 @@ def test_none_is_never_equal_to_a_zero_gradient():
     assert report.state("a") == "missing" and report.state("b") == "unexpected" and report.state("c") == "equal"
 
 
+def test_a_nan_gradient_is_wrong_and_infinitely_so():
+    """Found with the stream sanitizer's poisoned buffers: NaN compared false everywhere, so the report
+    said "max rel. error 0.0e+00" next to 85 wrong gradients."""
+    report = compare_grads({"a": torch.ones(3), "b": torch.ones(2)}, {"a": torch.full((3,), float("nan")),
+                                                                    "b": torch.ones(2)})
+    assert [name for name, _ in report.wrong] == ["a"] and report.equal == ["b"]
+    assert report.max_error == float("inf") and "inf" in report.summary()
+
+
 def test_none_equals_none_and_a_name_absent_from_the_candidate_is_missing():
     report = compare_grads({"frozen": None, "w": torch.ones(2)}, {"frozen": None})
     assert report.equal == ["frozen"] and report.missing == ["w"]
