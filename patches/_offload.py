@@ -1,45 +1,16 @@
-"""Host offload of a checkpoint's first input, behind a small device interface.
+"""Host offload of a checkpoint's first input, behind a small device interface (unsloth-zoo-offload-backward).
 
-Why this exists
----------------
-unsloth's "smart" gradient checkpointing saves VRAM by not keeping the input
-of each checkpointed layer (the hidden states, ``args[0]``) on the GPU between
-forward and backward: it copies it to pinned host memory on a side stream
-while the layer runs, and copies it back just before the layer is recomputed.
-hotfix replaces that function on the unsloth-zoo releases where it is broken
-(``patches/unsloth_zoo_offload_backward.py``), so it needs its own offload
-machinery.  This module is that machinery, written once, kept apart from the
-autograd code so that it can be tested (and benchmarked) without a GPU.
-
-The pieces
-----------
-* A *device* does the five things offloading needs: name the compute stream
-  and the side stream of a tensor's device (``device_of``), make one stream
-  wait for another, run copies on a stream, allocate host / device buffers.
-  :class:`CudaDevice` is the real one (pinned memory, ``non_blocking`` copies,
-  one side stream per GPU).  Tests and benchmarks pass CPU devices of the same
-  interface (tools/lab/simulated_device.py; tests/support/), not shipped.
-* :class:`ActivationOffloader` owns *all* the state (no module globals): the
-  host buffer pool (per device, reused across steps), the device staging
-  buffer (per device), the layer schedule, the print-once flag and counters.
-
-Stream ordering (see https://pytorch.org/docs/stable/notes/cuda.html#cuda-streams):
-
-  forward   side waits for compute    (the activation was produced on compute)
-            copy device -> host on side, non_blocking, into pinned memory
-            ... the layer runs on compute, overlapping the copy ...
-            compute waits for side     (so the activation's memory, freed
-                                        after forward, is not reused by compute
-                                        before the copy has read it)
-  backward  side waits for compute    (the staging buffer's previous reader,
-                                        the last layer's recomputation, is done)
-            copy host -> staging on side, non_blocking
-            compute waits for side     (before the recomputation reads it)
-
-A host buffer goes back to its pool only after the copy back has been queued
-on the same side stream; its next writer is a later copy-out on that stream,
-so stream order protects it without an event.  Pools are per device for that
-reason: two GPUs have two side streams.
+unsloth's smart checkpointing keeps each checkpointed layer's input on the host between
+forward and backward: copied out on a side stream while the layer runs, copied back into a
+staging buffer before recomputation.  :class:`ActivationOffloader` holds all that state (host
+buffer pools and staging buffer per device, the layer schedule, the print-once flag); the
+device (``_offload_devices.CudaDevice``, or the tests' CPU devices) does the streams, copies
+and allocations.  Stream order: forward = side waits for compute, copy out, compute waits for
+side before the activation's memory can be reused; backward = side waits for compute, copy
+back, compute waits for side before reading it.  A host buffer returns to its pool only after
+its copy back is queued on the same side stream, which orders its next writer (pools are per
+device for that reason).  Proven on CPU by tests/versions/test_offload_stream_order.py; the
+reasoning in full: docs/fixes/unsloth-zoo-offload-backward.md.
 """
 
 from __future__ import annotations
