@@ -54,6 +54,8 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import torch
 
+from hotfix.patches._private_copy import private_mapping
+
 __all__ = ["lift_closure_tensors", "find_grad_tensors", "is_reentrant", "layer_call", "map_structure"]
 
 
@@ -165,12 +167,14 @@ def map_structure(value: Any, is_leaf: Callable[[Any], bool], fn: Callable[[Any]
             return rebuilt
     if isinstance(value, MutableMapping):
         rebuilt = {key: map_structure(item, is_leaf, fn) for key, item in value.items()}
+        twin = private_mapping(value)  # a copy whose writes cannot reach the original's storage
+        if twin is None:
+            return rebuilt  # no private copy: a plain dict with its items, never the original changed
         try:
-            twin = copy.copy(value)
             twin.update(rebuilt)
-            return twin
-        except Exception:  # a mapping that cannot be copied: a plain dict with its items
+        except Exception:
             return rebuilt
+        return twin
     return value
 
 

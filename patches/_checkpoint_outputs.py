@@ -116,24 +116,22 @@ class FlatOutputs:
         self._writes = writes
         self._notice = notice
         self._skeleton: Any = None
-        self._stored: List[tuple] = []  # the forward's (mapping, key, skeleton of the stored value)
+        self._replay: Any = None  # the forward's writes into shared mappings, replayed by rebuild()
         self._unused: Set[int] = set()  # checkpoint outputs that got no gradient (set by hooks in backward)
         self.nested = None  # decided by the first call: the checkpoint's forward
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         output = self.__wrapped__(*args, **kwargs)
-        written = self._writes.take() if self._writes is not None else []
+        written = self._writes.take() if self._writes is not None else None
         if self.nested is None:
-            self.nested = _has_nested_tensor(output) or bool(written)
+            self.nested = _has_nested_tensor(output) or bool(written is not None and written.changed)
             if self.nested:
                 self._skeleton = _skeleton(output, [])
-                self._stored = [(mapping, key, _skeleton(value, [])) for mapping, key, value in written]
+                self._replay = written
         if self.nested:
             leaves: List[torch.Tensor] = []
             _skeleton(output, leaves)
-            for _mapping, _key, value in written:
-                _skeleton(value, leaves)
-            output = tuple(leaves)
+            output = tuple(leaves + (written.tensors if written is not None else []))
         if self._unused and isinstance(output, tuple):  # only ever set in backward: this is the recomputation
             unused, self._unused = self._unused, set()
             output = tuple(item.detach() if i in unused and isinstance(item, torch.Tensor) else item
@@ -167,13 +165,13 @@ class FlatOutputs:
     def rebuild(self, result: Any) -> Any:
         """What the layer returned, its tensors now the checkpoint's (connected) outputs.
 
-        Tensors the layer stored into a shared mapping are stored there again, connected.
+        What the layer wrote into shared mappings is replayed onto them, its new tensors connected.
         """
         if not self.nested:
             return result
         tensors = iter(result if isinstance(result, tuple) else (result,))
         output = _fill(self._skeleton, tensors)
-        for mapping, key, skeleton in self._stored:
-            mapping[key] = _fill(skeleton, tensors)
-        self._stored = []  # the checkpoint keeps this object until backward: no mapping kept alive by it
+        replay, self._replay = self._replay, None  # the checkpoint keeps this object until backward
+        if replay is not None:
+            replay.apply(list(tensors))
         return output

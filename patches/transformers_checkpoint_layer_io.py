@@ -33,13 +33,15 @@ def _checkpoint_with_lifted_inputs(wrapped, instance, args, kwargs):
     # a layer checkpoints, torch is loaded anyway.
     from hotfix.patches._checkpoint_inputs import is_reentrant, lift_closure_tensors
     from hotfix.patches._checkpoint_outputs import FlatOutputs
-    from hotfix.patches._checkpoint_shared_state import SharedStateWrites
+    from hotfix.patches._checkpoint_shared_state import UNSAFE, SharedStateWrites
 
     if not args:
         return wrapped(*args, **kwargs)
     function, inputs = args[0], args[1:]
     reentrant = is_reentrant(wrapped, kwargs)  # non-reentrant connects nested outputs and stored tensors itself
-    watched = SharedStateWrites.around(function, inputs) if reentrant else None
+    watched = SharedStateWrites.around(function, inputs, warn=patch.warn_once) if reentrant else None
+    if watched is UNSAFE:  # a mapping without a private copy: the call as upstream makes it (said once)
+        return wrapped(*args, **kwargs)
     writes = None
     if watched is not None:
         writes, function, inputs = watched

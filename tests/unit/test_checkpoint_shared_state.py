@@ -99,3 +99,92 @@ def test_nothing_keeps_the_shared_mapping_alive_after_backward():
     model.last_shared = None
     gc.collect()
     assert alive() is None
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Issue 27: the caller's mapping sees exactly what it would without checkpointing, whatever MutableMapping
+# it is (tests/support/shared_state_cases.py: store a tensor needing grad, bump a counter, append to a list,
+# write into a nested dict, delete a key; the next layer reads the tensors).
+import logging  # noqa: E402
+
+import pytest  # noqa: E402
+import shared_state_cases as cases  # noqa: E402
+
+from hotfix.diagnostics.compare import collect_grads  # noqa: E402
+from hotfix.patches.transformers_checkpoint_layer_io import patch as layer_io  # noqa: E402
+
+
+class WriterModel(CheckpointedLayers):
+    def __init__(self, fix, in_place=False):
+        super().__init__(fix)
+        self.layers = torch.nn.ModuleList(cases.layers(2, in_place))
+
+    def forward(self, x, state):
+        for layer in self.layers:
+            x = self.call_layer(layer, x, state=state)
+        return x
+
+
+def _run(mapping, fix, checkpointing, in_place=False):
+    model = WriterModel(fix, in_place).train()
+    model.checkpointing = checkpointing
+    state = cases.initial_state(cases.MAPPINGS[mapping], in_place)
+    x = torch.randn(3, 4, generator=torch.Generator().manual_seed(1), requires_grad=True)
+    out = model(x, state)
+    after_forward = cases.snapshot(state)
+    cases.loss_of(out, state, in_place).backward()
+    return {"forward": after_forward, "backward": cases.snapshot(state), "grads": collect_grads(model)}
+
+
+@pytest.fixture
+def hotfix_lines(caplog):
+    layer_io._warned.clear()  # warn_once remembers for the patch's life: each test starts fresh
+    caplog.set_level(logging.WARNING, logger="hotfix")
+    return lambda: [r.getMessage() for r in caplog.records if r.name == "hotfix"]
+
+
+@pytest.mark.parametrize("mapping", ["dict", "UserDict", "OrderedDict", "defaultdict", "SharedStorage"])
+def test_the_callers_mapping_and_the_gradients_equal_the_run_without_checkpointing(mapping, hotfix_lines):
+    reference = _run(mapping, fix=False, checkpointing=False)
+    upstream = _run(mapping, fix=False, checkpointing=True)
+    # upstream: the stored tensors are constants and the recomputation writes into the caller's mapping again
+    assert not compare_grads(reference["grads"], upstream["grads"]).ok
+    assert not cases.same(reference["backward"], upstream["backward"])
+    fixed = _run(mapping, fix=True, checkpointing=True)
+    assert cases.same(reference["forward"], fixed["forward"]), (reference["forward"], fixed["forward"])
+    assert cases.same(reference["backward"], fixed["backward"]), (reference["backward"], fixed["backward"])
+    report = compare_grads(reference["grads"], fixed["grads"])
+    assert report.ok and report.total == 4, report.summary()
+    assert hotfix_lines() == []
+
+
+def test_a_mapping_that_cannot_be_copied_is_left_to_upstream_and_said_once(hotfix_lines):
+    upstream = _run("Uncopyable", fix=False, checkpointing=True)
+    fixed = _run("Uncopyable", fix=True, checkpointing=True)
+    # never worse than upstream: exactly upstream's results...
+    assert cases.same(upstream["forward"], fixed["forward"]) and cases.same(upstream["backward"], fixed["backward"])
+    assert compare_grads(upstream["grads"], fixed["grads"]).ok
+    # ...and one line naming the layer and the mapping
+    _run("Uncopyable", fix=True, checkpointing=True)
+    lines = hotfix_lines()
+    assert len(lines) == 1 and "Writer is handed a Uncopyable that cannot be copied privately" in lines[0], lines
+    assert "use_reentrant=False" in lines[0]
+
+
+def _wrong_or_crash(reference, **run):
+    try:
+        candidate = _run(**run)
+    except RuntimeError as exc:
+        return f"crash: {exc}"[:80]
+    return "wrong" if not compare_grads(reference["grads"], candidate["grads"]).ok else "equal"
+
+
+def test_a_tensor_changed_in_place_through_the_mapping_is_reported_once(hotfix_lines):
+    reference = _run("dict", fix=False, checkpointing=False, in_place=True)
+    upstream = _wrong_or_crash(reference, mapping="dict", fix=False, checkpointing=True, in_place=True)
+    fixed = _wrong_or_crash(reference, mapping="dict", fix=True, checkpointing=True, in_place=True)
+    # not repairable under reentrant checkpointing: as broken as upstream, never silently
+    assert upstream != "equal" and fixed[:5] == upstream[:5], (upstream, fixed)
+    lines = hotfix_lines()
+    assert len(lines) == 1 and "Writer changes in place a tensor it received through a mapping" in lines[0], lines
+    assert "not repairable under reentrant checkpointing" in lines[0] and "use_reentrant=False" in lines[0]
