@@ -1,47 +1,15 @@
-"""Make every tensor that needs a gradient a real input of a checkpoint call.
+"""Make every tensor that needs a gradient a real input of a reentrant checkpoint call.
 
-Why this exists
----------------
-Reentrant checkpointing (``torch.utils.checkpoint`` with ``use_reentrant=True``,
-and unsloth's ``UnslothCheckpointFunction``) is an ``autograd.Function``: only
-the tensors passed to it *positionally* are inputs of the graph node it makes.
-transformers (4.53 and later) calls it as::
-
-    self._gradient_checkpointing_func(partial(layer_call, **kwargs), *args)
-
-so a tensor that arrives as a keyword (Whisper's ``encoder_hidden_states=``,
-WavLM's ``position_bias=``, DeBERTa-v2's ``rel_embeddings=``) is hidden inside
-the ``partial``.  During backward the recomputation then reaches that tensor's
-*whole history* through the closure, once per layer: the second layer finds the
-encoder graph already freed ("Trying to backward through the graph a second
-time"), or, where nothing is freed, the history is walked again and again.
-
-``lift_closure_tensors`` rewrites such a call so that those tensors travel as
-extra positional inputs and are put back in place inside the recomputation.
-The checkpoint function then returns their gradients exactly once, like any
-other input.  Nothing else about the call changes.
-
-The same holds for a tensor that is passed positionally but *inside a
-container* (5.x MLCD passes ``position_embeddings`` as a list of two tensors
-that depend on the trainable ``class_pos_emb``): the checkpoint only sees
-top-level tensors, so those are lifted too and put back into a rebuilt copy of
-the container during recomputation.  A shared mapping handed to every layer
-(5.x Gemma-4's ``shared_kv_states``, a ``UserDict``) is searched the same way:
-the keys/values an earlier layer stored there reach a later layer only through
-it.  The checkpoint's own forward calls the layer with the original objects
-(a layer may store into such a mapping; ``_checkpoint_shared_state``), only the
-recomputation gets rebuilt copies.
-
-A transformers ``Cache`` handed to a layer is searched too, through the tensors
-each of its per-layer entries holds (``cache.layers[i].keys`` / ``.values``,
-4.56 and later).  5.x DiffusionGemma's decoder layers read the encoder's
-keys/values from ``past_key_values`` this way; left in the cache, those tensors
-tie every decoder layer's recomputation to the encoder's graph ("Trying to
-backward through the graph a second time").  The recomputation gets a shallow
-copy of the cache whose entries hold the lifted tensors' twins, so it also
-never appends to the caller's cache a second time.  A cache without a
-``layers`` list (an older or future layout) is left as it is: upstream
-behaviour, no error.
+Reentrant checkpointing (torch's ``use_reentrant=True``, unsloth's ``UnslothCheckpointFunction``)
+is an ``autograd.Function``: only tensors passed to it positionally are inputs of its node.
+transformers calls ``checkpoint(partial(layer, **kwargs), *args)``, so a tensor needing grad that
+arrives by keyword, inside a container, in a shared mapping or in a transformers ``Cache``
+(``cache.layers[i].keys`` / ``.values``) hides from it, and every recomputation re-walks its
+history ("Trying to backward through the graph a second time").  ``lift_closure_tensors`` rewrites
+the call so that those tensors travel as extra positional inputs; the checkpoint's forward calls
+the layer with the original objects, the recomputation with rebuilt copies holding the inputs'
+twins (a Cache as a shallow copy whose entries hold them, so it is never appended to twice).  A
+cache without a ``layers`` list is left as it is.  docs/fixes/transformers-checkpoint-layer-io.md.
 """
 
 from __future__ import annotations

@@ -1,48 +1,15 @@
-"""Let a reentrant checkpoint return tensors nested in containers, connected to the graph.
+"""Let a reentrant checkpoint return tensors nested in containers, connected, and no gradient for unused ones.
 
-Why this exists
----------------
-Reentrant checkpointing is an ``autograd.Function``: only the tensors at the
-*top level* of what its forward returns become outputs of its graph node.  A
-tensor nested one level deeper is handed back as the no-grad forward computed
-it: detached.  ``PvtV2EncoderLayer`` (a whole stage, checkpointed as one
-``GradientCheckpointingLayer``) returns ``((hidden_states,), height, width)``,
-so every stage's output leaves the graph and no parameter before the last stage
-gets a gradient (measured on 4.56.2 and 5.23.0; non-reentrant checkpointing,
-which does not use an ``autograd.Function``, is right).
-
-It is the mirror of lifting closure tensors into inputs
-(``_checkpoint_inputs``): :class:`FlatOutputs` runs the layer, and when its
-first call (the checkpoint's forward) returns a tensor below the top level it
-returns every tensor as one flat tuple instead, remembering the structure with
-the tensors left out (so no activation is kept alive by it).  The
-recomputation in backward flattens the same way; after the checkpoint returns,
-:meth:`FlatOutputs.rebuild` puts its (now connected) tensors back into the
-structure.  A call whose output is a tensor or a flat tuple is returned
-exactly as the layer returned it.
-
-Given a ``SharedStateWrites`` watcher (``_checkpoint_shared_state``), the
-tensors the layer stored into a shared mapping follow the layer's own as
-further outputs, and :meth:`FlatOutputs.rebuild` stores their connected
-versions back into the caller's mapping.
-
-Outputs the loss never uses
----------------------------
-An ``autograd.Function`` receives a gradient for *every* output in backward:
-the engine fills in zeros for an output the loss did not use.  The reentrant
-recomputation then backpropagates those zeros, so every parameter that feeds
-only that output gets a zero gradient where a run without checkpointing leaves
-it at ``None``.  For an optimizer that differs (AdamW steps, decays and updates
-the moments of a zero gradient, and skips a ``None`` one).  ``LiltLayer``
-returns its text and its layout stream; the last layer's layout output is
-discarded, so that layer's layout weights get zeros (tiny LiLT, 5.23.0; torch's
-and unsloth's reentrant function alike).  :meth:`FlatOutputs.watch_unused`
-hooks each of a checkpoint's outputs when it has two or more that need grad.
-The hooks run in backward just before the checkpoint's own backward and see
-``None`` for an output that got no gradient.  The recomputation then returns
-such an output detached, and the checkpoint function (torch's and unsloth's
-both backpropagate only outputs that require grad) leaves its producers
-without a gradient, as the run without checkpointing does.
+Reentrant checkpointing connects only the *top-level* tensors a layer returns: pvt_v2's stages
+return ``((hidden,), height, width)`` and every parameter before the last stage gets no gradient.
+:class:`FlatOutputs` runs the layer and, when its output nests a tensor (or the layer wrote into a
+shared mapping, ``_checkpoint_shared_state``), returns all of them as one flat tuple, remembering
+the structure without the tensors; :meth:`FlatOutputs.rebuild` puts the checkpoint's connected
+outputs back into it and replays the mapping writes.  The engine hands a Function zeros for an
+output the loss never used, so the recomputation gave its producers zero gradients where a run
+without checkpointing leaves None (LiLT's last layout stream): :meth:`FlatOutputs.watch_unused`
+hooks the outputs and the recomputation returns such an output detached.
+docs/fixes/transformers-checkpoint-layer-io.md.
 """
 
 from __future__ import annotations

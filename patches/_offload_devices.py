@@ -1,15 +1,12 @@
 """Where the activation offloader's bytes live (``patches/_offload.py``): the CUDA device and the host buffer pool.
 
-A *device* does the five things offloading needs: name the compute stream and
-the side stream of a tensor's device (``device_of`` says which device that is),
-make one stream wait for another, run copies on a stream, allocate host /
-device buffers.  A device may also define ``host_buffer_released(buffer)``: the
-host buffer pool then tells it when a lease gives its buffer back (the tests'
-stream sanitizer models pool reuse with it; the real device does not need it).
-:class:`CudaDevice` is the real one (pinned memory, ``non_blocking`` copies,
-one side stream per GPU).  The tests and benchmarks drive the offloader with CPU
-devices of the same interface (tools/lab/simulated_device.py, tests/support/),
-which do not ship.
+A *device* does what offloading needs: say which device serves a tensor (``device_of``), name
+that device's compute and side streams, make one stream wait for another, run copies on a stream,
+allocate host / device buffers; it may also define ``host_buffer_released(buffer)``, which the pool
+calls when a lease gives its buffer back (the tests' stream sanitizer models pool reuse with it).
+:class:`CudaDevice` is the real one (pinned memory, ``non_blocking`` copies, one side stream per
+GPU).  The tests and benchmarks drive the offloader with CPU devices of the same interface
+(tools/lab/simulated_device.py, tests/support/stream_sanitizer.py), which do not ship.
 """
 
 from __future__ import annotations
