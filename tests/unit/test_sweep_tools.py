@@ -202,3 +202,14 @@ def test_the_tracked_store_is_one_deterministic_gzip_per_line_and_merges_a_pendi
     pending.write_text(json.dumps(rows[1]) + "\n")  # a re-run that changes nothing
     compact_results(store)
     assert {p.name: p.read_bytes() for p in store.iterdir()} == first
+
+
+def test_a_full_sweep_run_adds_less_than_200_kB_to_git():
+    """A run rewrites at most every release line's gzip file and the page; git stores each compressed."""
+    import zlib
+
+    from conftest import REPO
+
+    store = sum(path.stat().st_size for path in (REPO / "docs" / "sweep-results").glob("*.jsonl.gz"))
+    page = len(zlib.compress((REPO / "docs" / "sweep.md").read_bytes(), 9))
+    assert store + page < 200 * 1024, (store, page)
