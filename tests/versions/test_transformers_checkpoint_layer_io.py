@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 from packaging.version import Version
 
-from conftest import SUPPORT, json_lines, matrix_path, matrix_versions, run_python
+from conftest import LAB, json_lines, matrix_path, matrix_versions, run_python
 
 CASES = [
     "whisper",
@@ -56,7 +56,7 @@ def _line(version: str) -> str:
 
 
 def _run_cases(version, disabled, cases=CASES, default_checkpointing=False):
-    args = [str(SUPPORT / "grad_case.py")] + (["--default-checkpointing"] if default_checkpointing else []) + list(cases)
+    args = [str(LAB / "grad_case.py")] + (["--default-checkpointing"] if default_checkpointing else []) + list(cases)
     # WavLM upstream grows without bound (each layer's recomputation re-walks position_bias's history); a
     # tiny model's step grows by a few MiB, so 256 MiB stops the runaway in ~15 s instead of ~90 s.
     env = {"GRAD_CASE_RSS_LIMIT": str(256 * 2**20)}

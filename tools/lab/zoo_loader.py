@@ -56,8 +56,28 @@ def install_stubs(package_dir: str) -> None:
     sys.modules["unsloth_zoo.device_type"] = device_type
 
 
+def send_cuda_moves_to_the_cpu():
+    """Releases before 2025.1.1 move saved tensors back with ``.to("cuda:0")`` in their backward; on a
+    torch without CUDA those moves go to the CPU instead (only ``"cuda..."`` device strings are touched)."""
+    torch = _torch()
+    if torch.cuda.is_available() or getattr(torch.Tensor.to, "cpu_for_cuda", False):
+        return
+    original = torch.Tensor.to
+
+    def to(self, *args, **kwargs):
+        if args and isinstance(args[0], str) and args[0].startswith("cuda"):
+            args = ("cpu",) + args[1:]
+        if isinstance(kwargs.get("device"), str) and kwargs["device"].startswith("cuda"):
+            kwargs["device"] = "cpu"
+        return original(self, *args, **kwargs)
+
+    to.cpu_for_cuda = True
+    torch.Tensor.to = to
+
+
 def load_release():
     install_stubs(zoo_dir())
+    send_cuda_moves_to_the_cpu()
     import importlib
 
     return importlib.import_module(TARGET)

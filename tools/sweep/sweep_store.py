@@ -55,8 +55,12 @@ def _gzip_bytes(text: str) -> bytes:
     return buffer.getvalue()
 
 
-def write_lines(path: Path, lines: List[str]) -> None:
-    """Replace the rows at ``path``: one gzip file per release line in a store, else the JSON-lines file."""
+def by_release_line(row: Dict) -> str:
+    return row["transformers"]
+
+
+def write_lines(path: Path, lines: List[str], group: Callable[[Dict], str] = by_release_line) -> None:
+    """Replace the rows at ``path``: one gzip file per ``group`` (a release line) in a store, else the JSON-lines file."""
     if not is_store(path):
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text("".join(line + "\n" for line in lines))
@@ -64,7 +68,7 @@ def write_lines(path: Path, lines: List[str]) -> None:
         return
     by_version: Dict[str, List[str]] = {}
     for line in lines:
-        by_version.setdefault(json.loads(line)["transformers"], []).append(line)
+        by_version.setdefault(group(json.loads(line)), []).append(line)
     path.mkdir(parents=True, exist_ok=True)
     for version, rows in by_version.items():
         target = path / f"{version}.jsonl.gz"
@@ -76,7 +80,7 @@ def write_lines(path: Path, lines: List[str]) -> None:
     pending_of(path).unlink(missing_ok=True)
 
 
-def compact(path: Path, key: Callable[[Dict], tuple]) -> int:
+def compact(path: Path, key: Callable[[Dict], tuple], group: Callable[[Dict], str] = by_release_line) -> int:
     """Keep, per ``key``, only the row written last (in the order of last writing); returns how many were dropped."""
     lines = read_lines(path)
     last: Dict[tuple, int] = {}
@@ -84,5 +88,5 @@ def compact(path: Path, key: Callable[[Dict], tuple]) -> int:
         last[key(json.loads(line))] = i
     keep = sorted(last.values())
     if len(keep) < len(lines) or (is_store(path) and pending_of(path).exists()):
-        write_lines(path, [lines[i] for i in keep])
+        write_lines(path, [lines[i] for i in keep], group)
     return len(lines) - len(keep)

@@ -1,0 +1,65 @@
+"""The ranges each fix declares equal the census's evidence (issue 26), from the committed rows.
+
+docs/census/ holds the rows of tools/census/census.py (every transformers minor line 4.46 - 5.23 and
+every unsloth-zoo release since 2024.11.6, without and with hotfix); nothing is re-run here.
+tools/census/gates.py says what "equal to the evidence" means; this test fails on any disagreement,
+and when a release the census should cover has no rows.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from conftest import REPO, TOOLS
+
+sys.path[:0] = [str(TOOLS / "census"), str(TOOLS / "sweep")]
+import gates  # noqa: E402
+import releases  # noqa: E402
+import sweep_store  # noqa: E402
+
+STORE = REPO / "docs" / "census"
+
+
+def _rows():
+    return [json.loads(line) for line in sweep_store.read_lines(STORE)]
+
+
+def _builtin_fixes():
+    import hotfix
+
+    return [p for key, p in hotfix.known_patches().items() if hotfix.registry.sources.get(key) == "hotfix-checkpoint"]
+
+
+def test_the_census_covers_every_release_it_should():
+    rows = [r for r in _rows() if r["torch"].startswith("2.13")]
+    measured = {(r["dimension"], r["release"]) for r in rows}
+    missing = [v for v in releases.transformers_releases() if ("transformers", v) not in measured]
+    missing += [z for z, _ in releases.zoo_releases() if ("unsloth-zoo", z) not in measured]
+    assert missing == [], missing
+
+
+def test_declared_ranges_equal_the_evidence():
+    assert gates.problems(_rows(), _builtin_fixes()) == []
+
+
+def test_the_gate_rules_catch_a_range_that_disagrees():
+    """The rules themselves, on made-up rows: a broken release outside the range, a fine release inside it
+    that hotfix changes, and a range that goes on after upstream fixed the mechanism."""
+    from hotfix.patch import Mechanism
+
+    class Fix:
+        mechanisms = (Mechanism("m", {"transformers": ">=4.50,<5.0"}),)
+
+    def row(release, hotfix, verdict):
+        return {"dimension": "transformers", "torch": "2.13.0", "mechanism": "m", "release": release,
+                "hotfix": hotfix, "verdict": verdict}
+
+    rows = [row("4.49.0", False, "crash"), row("4.49.0", True, "crash"),
+            row("4.55.0", False, "equal"), row("4.55.0", True, "wrong"),
+            row("4.52.0", False, "wrong"), row("4.52.0", True, "equal"),
+            row("4.56.0", False, "equal"), row("4.56.0", True, "equal")]
+    found = gates.problems(rows, [Fix()])
+    assert any("4.49.0" in p and "outside the declared range" in p for p in found), found
+    assert any("4.55.0" in p and "not fine with hotfix" in p for p in found), found
+    assert any("fixed upstream from transformers 4.55.0" in p for p in found), found

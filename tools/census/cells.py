@@ -1,0 +1,103 @@
+"""The census's fixed core: which cell probes which mechanism, and a row's verdict.
+
+A transformers cell is a model type (``+variant`` as in tools/sweep/sweep_families) and a sweep recipe
+(tools/sweep/sweep_recipes.py); its verdict is the reentrant mode's, compared with the step without
+checkpointing by hotfix's own rule.  An unsloth-zoo cell is a case of tools/lab/zoo_cases.py.
+Verdicts: equal | wrong | crash | guard (memory/time guard) | late (step 1 offloads nothing) | n/a
+(absent, not applicable, no checkpointing) | error (the cell could not be built or run; measured again
+on the next run).
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Tuple
+
+#: (model type, recipe, mechanism): one per mechanism of the fixes, several where models differ
+CELLS: List[Tuple[str, str, str]] = [
+    ("whisper", "full", "keyword-tensors"),
+    ("deberta-v2+layer_norm", "full", "keyword-tensors"),
+    ("wavlm", "full", "keyword-tensors"),
+    ("layoutlm", "full", "keyword-tensors"),
+    ("pvt_v2", "full", "nested-outputs"),
+    ("gemma3n_text", "full", "shared-mapping"),
+    ("gemma4+kv_shared", "full", "shared-mapping"),
+    ("diffusion_gemma", "full", "cache-contents"),
+    ("lilt", "full", "unused-outputs"),
+    ("whisper", "lora", "frozen-layer-inputs"),  # LoRA without enable_input_require_grads()
+    ("whisper", "lora-input-grads", "frozen-layer-inputs"),  # after it: 4.x hooks only the decoder
+    ("git", "lora-input-grads", "in-place-on-leaf"),
+    ("swin", "lora-input-grads", "tuple-embeddings"),
+]
+
+#: (zoo_cases.py case, mechanism)
+ZOO_CASES: List[Tuple[str, str]] = [
+    ("closure", "closure-tensors"),
+    ("whisper", "closure-tensors"),  # a tiny Whisper through unsloth's function (keyword tensors in the partial)
+    ("frozen", "frozen-first-input"),
+    ("offload", "late-offload"),
+]
+
+#: verdicts measured again by the next run (the cell never produced a measurement)
+RETRY = ("error",)
+
+MECHANISM = {f"{model}/{recipe}": mechanism for model, recipe, mechanism in CELLS}
+MECHANISM.update({f"zoo/{case}": mechanism for case, mechanism in ZOO_CASES})
+
+
+def by_recipe(only=()) -> Dict[str, List[str]]:
+    """recipe -> model types of the transformers cells (``only``: these ``model/recipe`` cells)."""
+    grouped: Dict[str, List[str]] = {}
+    for model, recipe, _ in CELLS:
+        if not only or f"{model}/{recipe}" in only:
+            grouped.setdefault(recipe, []).append(model)
+    return grouped
+
+
+def _row(dimension, release, function, case, hotfix, verdict, detail="", **extra) -> Dict:
+    return dict(dimension=dimension, release=release, function=function, case=case, hotfix=hotfix,
+                mechanism=MECHANISM[case], verdict=verdict, detail=detail[:160], **extra)
+
+
+def transformers_row(row: Dict, version: str, hotfix: bool, function: str) -> Dict:
+    """A sweep row (tools/sweep/sweep_worker.check_one) as a census row."""
+    case = f"{row['model_type']}/{row.get('recipe', 'full')}"
+    result = row.get("result")
+    if result in ("pass", "FAIL"):
+        mode = row["modes"]["reentrant"]
+        verdict = {"equal": "equal", "wrong": "wrong", "crash": "crash", "guard": "guard"}.get(mode["status"], "error")
+        return _row("transformers", version, function, case, hotfix, verdict, mode.get("summary", ""))
+    if result in ("n/a", "no-checkpointing"):
+        return _row("transformers", version, function, case, hotfix, "n/a", row.get("detail", result))
+    if result == "could-not-run" and not str(row.get("detail", "")).startswith(("memory guard", "time guard")):
+        # the step without checkpointing crashed (git/swin: upstream's input-grad hook): a defect of this release
+        return _row("transformers", version, function, case, hotfix, "crash",
+                    f"without checkpointing: {row.get('detail', '')}")
+    return _row("transformers", version, function, case, hotfix, "error", f"{result}: {row.get('detail', '')}")
+
+
+def absent_row(model: str, recipe: str, version: str, hotfix: bool, function: str) -> Dict:
+    return _row("transformers", version, function, f"{model}/{recipe}", hotfix, "n/a",
+                f"absent: transformers {version} has no model type {model.split('+')[0]}")
+
+
+def zoo_row(case: str, result: Dict, zoo: str, transformers: str, hotfix: bool) -> Dict:
+    """A zoo_cases.py result as a census row (late-offload: did step 1 offload, and are the gradients equal)."""
+    if case == "offload":
+        steps = result.get("steps") or []
+        if not steps:
+            return _row("unsloth-zoo", zoo, "unsloth", f"zoo/{case}", hotfix, "error",
+                        result.get("error", "no steps"), transformers=transformers)
+        counts = [len(step["offloaded"]) if "offloaded" in step else step.get("offloaded_count", 0) for step in steps]
+        exact = all(step.get("status") == "equal" for step in steps)
+        if not exact:
+            verdict = "wrong"
+        elif not any(counts):
+            verdict = "n/a"  # this release never offloads (before 2025.1.1): nothing can be late
+        else:
+            verdict = "equal" if counts[0] else "late"
+        detail = f"inputs offloaded per step {counts}; gradients {'equal' if exact else 'differ'}"
+        return _row("unsloth-zoo", zoo, "unsloth", f"zoo/{case}", hotfix, verdict, detail, transformers=transformers)
+    status = result.get("status")
+    verdict = {"equal": "equal", "differs": "wrong", "crash": "crash"}.get(status, "error")
+    detail = result.get("error") or result.get("summary") or ""
+    return _row("unsloth-zoo", zoo, "unsloth", f"zoo/{case}", hotfix, verdict, detail, transformers=transformers)

@@ -1,0 +1,88 @@
+"""The census rows against the ranges each fix declares (``Mechanism.affected`` / ``fixed_in``).
+
+Per (dimension, torch, mechanism, release) the census gives an upstream state and a with-hotfix state
+(render.state: broken / fine / n/a / error over the mechanism's cells and both checkpoint functions).
+A declared range is equal to the evidence when:
+
+* every release measured broken upstream is inside the range, unless ``OUTSIDE_REACH`` names it
+  (a release where the mechanism's code path is not the one the fix patches, with the reason);
+* every release measured fine upstream is outside the range, or measured fine with hotfix too (the
+  fix is a proven no-op there);
+* where every measured release from some release on is fine after one broken before it (upstream
+  fixed the mechanism), the range ends there: none of those releases is inside it.
+
+``problems(rows, patches)`` lists every disagreement, one sentence each (tests/versions/test_version_gates.py).
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Iterable, List, Tuple
+
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
+
+from render import state
+
+DISTRIBUTION = {"transformers": "transformers", "unsloth-zoo": "unsloth-zoo"}
+
+#: (dimension, mechanism) -> (specifier of releases, why a broken upstream there is not hotfix's to fix)
+OUTSIDE_REACH: Dict[Tuple[str, str], Tuple[str, str]] = {}
+
+
+def verdicts(rows: Iterable[Dict]) -> Dict[Tuple[str, str, str, str], Dict[str, str]]:
+    """(dimension, torch, mechanism, release) -> {"upstream": state, "hotfix": state}."""
+    grouped: Dict[tuple, Dict[bool, List[str]]] = {}
+    for row in rows:
+        key = (row["dimension"], row["torch"], row["mechanism"], row["release"])
+        grouped.setdefault(key, {False: [], True: []})[row["hotfix"]].append(row["verdict"])
+    return {key: {"upstream": state(found[False]), "hotfix": state(found[True])} for key, found in grouped.items()}
+
+
+def _declared(patches) -> Dict[str, object]:
+    return {mechanism.name: mechanism for patch in patches for mechanism in patch.mechanisms}
+
+
+def _inside(mechanism, dimension: str, release: str) -> bool:
+    spec = mechanism.affected.get(DISTRIBUTION[dimension])
+    return spec is not None and SpecifierSet(spec).contains(Version(release), prereleases=True)
+
+
+def _outside_reach(dimension: str, mechanism: str, release: str) -> bool:
+    found = OUTSIDE_REACH.get((dimension, mechanism))
+    return found is not None and SpecifierSet(found[0]).contains(Version(release), prereleases=True)
+
+
+def problems(rows: Iterable[Dict], patches) -> List[str]:
+    declared = _declared(patches)
+    found = verdicts(rows)
+    out: List[str] = []
+    series: Dict[tuple, List[Tuple[Version, str, str]]] = {}
+    for (dimension, torch, name, release), states in sorted(found.items()):
+        mechanism = declared.get(name)
+        if mechanism is None:
+            out.append(f"census rows name mechanism {name!r}, which no fix declares")
+            continue
+        if DISTRIBUTION[dimension] not in mechanism.affected:
+            continue
+        inside = _inside(mechanism, dimension, release)
+        upstream, fixed = states["upstream"], states["hotfix"]
+        series.setdefault((dimension, torch, name), []).append((Version(release), release, upstream))
+        if upstream == "broken" and not inside and not _outside_reach(dimension, name, release):
+            out.append(f"{name}: {dimension} {release} (torch {torch}) is broken upstream but outside the declared "
+                       f"range {mechanism.affected[DISTRIBUTION[dimension]]}")
+        if upstream == "fine" and inside and fixed != "fine":
+            out.append(f"{name}: {dimension} {release} (torch {torch}) is fine upstream and inside the range, but not "
+                       f"fine with hotfix ({fixed})")
+    for (dimension, torch, name), points in series.items():
+        points.sort()
+        measured = [(v, release, s) for v, release, s in points if s in ("broken", "fine")]
+        broken_at = [i for i, (_, _, s) in enumerate(measured) if s == "broken"]
+        if not broken_at or broken_at[-1] == len(measured) - 1:
+            continue
+        fixed_from = measured[broken_at[-1] + 1][1]
+        inside_after = [release for _, release, _ in measured[broken_at[-1] + 1:]
+                        if _inside(declared[name], dimension, release)]
+        if inside_after:
+            out.append(f"{name}: fixed upstream from {dimension} {fixed_from} (torch {torch}; every measured release "
+                       f"after is fine), but the range still holds {', '.join(inside_after)}")
+    return out
