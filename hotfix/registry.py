@@ -180,10 +180,16 @@ class Registry:
             patch.apply(module)
 
     def revert(self) -> List[str]:
-        """Undo every applied patch and stop applying new ones."""
+        """Undo every applied patch and stop applying new ones.
+
+        Newest first: patches apply to a shared target in this registry's order, and one may
+        wrap what another installed (two fixes' wrappers on ``PreTrainedModel`` enablers), so
+        each must find on its objects exactly what it put there.
+        """
         with self._lock:
             self.active = False
-            return [p.name for p in (self._patches or {}).values() if p.revert()]
+            reverted = [p.name for p in reversed(list((self._patches or {}).values())) if p.revert()]
+            return reverted[::-1]
 
 
 registry = Registry()

@@ -9,6 +9,8 @@ original or a copy, returns it wrapped.  Slots of several fixes on one class's M
 in a fixed order (by ``rank``, outermost highest), whichever classes hold them; each fix
 installs and reverts only its own.  Under ``torch.compile`` the raw function is handed out:
 dynamo traces the checkpoint itself, where the reentrant bugs do not exist.
+:class:`SlotCoverage` puts one fix's slot on the classes that hold a checkpoint function, after
+transformers' enablers set it (and on unpickling, and for models built before activation).
 """
 
 from __future__ import annotations
@@ -19,6 +21,10 @@ from typing import Any, Callable, Iterator, Optional, Tuple
 import wrapt
 
 ATTRIBUTE = "_gradient_checkpointing_func"
+SETTER = "_set_gradient_checkpointing"
+#: PreTrainedModel methods after which a model's modules may hold a checkpoint function
+#: (``__setstate__``: unpickling, deepcopy, torch.load, spawn workers)
+ENABLERS = (SETTER, "gradient_checkpointing_enable", "activation_checkpointing_enable", "__setstate__")
 
 
 def code_objects(function: Any) -> Iterator[types.CodeType]:
@@ -33,18 +39,29 @@ def code_objects(function: Any) -> Iterator[types.CodeType]:
 
 
 def slots_on(cls: type) -> Tuple["CheckpointFunctionSlot", ...]:
-    """Every slot along ``cls``'s MRO, innermost (lowest rank) first."""
-    found = [klass.__dict__.get(ATTRIBUTE) for klass in cls.__mro__]
-    return tuple(sorted((slot for slot in found if isinstance(slot, CheckpointFunctionSlot)), key=lambda s: s.rank))
+    """Every slot along ``cls``'s MRO (with the slots each displaced on its class), innermost (lowest rank) first."""
+    found, wrappers = [], set()
+    for klass in cls.__mro__:
+        slot = klass.__dict__.get(ATTRIBUTE)
+        while isinstance(slot, CheckpointFunctionSlot):
+            if id(slot.wrapper) not in wrappers:  # one fix's slot on a class and on its base: wrap once
+                wrappers.add(id(slot.wrapper))
+                found.append(slot)
+            slot = slot.displaced
+    return tuple(sorted(found, key=lambda s: s.rank))
 
 
 class CheckpointFunctionSlot:
     """Data descriptor for ``ATTRIBUTE`` on ``owner``: reads return the stored function wrapped."""
 
-    def __init__(self, owner: type, wrapper: Callable, is_compiling: Callable[[], bool], rank: int) -> None:
+    def __init__(self, owner: type, wrapper: Callable, is_compiling: Callable[[], bool], rank: int,
+                 displaced: Optional["CheckpointFunctionSlot"] = None) -> None:
         self.owner = owner
         self.wrapper = wrapper  # a wrapt wrapper function (wrapped, instance, args, kwargs)
         self.rank = rank
+        # Another fix's slot that stood on ``owner`` first: it keeps working through this one, and comes
+        # back when this fix reverts (fixes revert in the reverse order of application).
+        self.displaced = displaced
         self._is_compiling = is_compiling
         # Every module of a model holds the same function object, so one cached
         # (function, slots, wrapper) triple serves them all.
@@ -76,3 +93,65 @@ class CheckpointFunctionSlot:
             del instance.__dict__[ATTRIBUTE]
         except KeyError:
             raise AttributeError(ATTRIBUTE) from None
+
+
+def setter_drift(module: Any) -> Optional[str]:
+    """Why ``transformers.modeling_utils`` no longer stores checkpoint functions where the slots read them."""
+    setter = getattr(getattr(module, "PreTrainedModel", None), SETTER, None)
+    if setter is None:
+        return f"PreTrainedModel.{SETTER} is missing"
+    if not any(ATTRIBUTE in code.co_names for code in code_objects(setter)):
+        return f"PreTrainedModel.{SETTER} no longer stores the checkpoint function as {ATTRIBUTE}"
+    return None
+
+
+class SlotCoverage:
+    """One fix's slot on the class of every module that holds a checkpoint function.
+
+    ``patch`` installs through its own ``wrap``/``replace`` (so its revert takes everything back);
+    a class whose MRO already carries this fix's slot (a ``GradientCheckpointingLayer`` subclass,
+    a subclass of a covered class) is left alone: the slot there serves it.
+    """
+
+    def __init__(self, patch: Any, wrapper: Callable, rank: int) -> None:
+        self.patch, self.wrapper, self.rank = patch, wrapper, rank
+
+    def hook(self, modeling_utils: Any) -> None:
+        """Cover after every enabler of ``PreTrainedModel``, and the models that exist already."""
+        pretrained = modeling_utils.PreTrainedModel
+        for method in ENABLERS:
+            if hasattr(pretrained, method):
+                self.patch.wrap(pretrained, method, self._cover_after)
+        # Model classes from other modules exist (modeling_utils defines one base of its own): models
+        # may have been set up before activation.  On the start-up hook's path none exist yet.
+        if any(cls.__module__ != modeling_utils.__name__ for cls in pretrained.__subclasses__()):
+            import gc
+
+            for obj in gc.get_objects():
+                # type(), not isinstance(): isinstance reads obj.__class__, a property on some objects
+                # (torch.distributed.reduce_op warns when read).
+                if issubclass(type(obj), pretrained):
+                    self.cover(obj)
+
+    def _cover_after(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+        """wrapt wrapper of the enablers and ``__setstate__``: cover the model they just set up."""
+        result = wrapped(*args, **kwargs)
+        if instance is not None and self.patch.applied:
+            self.cover(instance)
+        return result
+
+    def cover(self, model: Any) -> None:
+        """Install the slot on the class of every module of ``model`` that holds a checkpoint function."""
+        classes = {type(module) for module in model.modules() if ATTRIBUTE in module.__dict__}
+        with self.patch._lock:
+            for cls in classes:
+                if any(slot.wrapper is self.wrapper for slot in slots_on(cls)):
+                    continue
+                present = cls.__dict__.get(ATTRIBUTE)
+                if present is not None and not isinstance(present, CheckpointFunctionSlot):
+                    self.patch.warn_once(cls, f"{cls.__qualname__} defines {ATTRIBUTE} itself; not covered")
+                    continue
+                from torch.compiler import is_compiling
+
+                self.patch.replace(cls, ATTRIBUTE, CheckpointFunctionSlot(cls, self.wrapper, is_compiling,
+                                                                          rank=self.rank, displaced=present))

@@ -1,24 +1,25 @@
-"""transformers >= 4.53: a reentrant-checkpointed layer's inputs and outputs that the checkpoint cannot see.
+"""transformers >= 4.35: a reentrant-checkpointed layer's inputs and outputs that the checkpoint cannot see.
 
-What breaks: ``GradientCheckpointingLayer`` checkpoints ``partial(layer, **kwargs)`` with
+What breaks: ``GradientCheckpointingLayer`` (4.52+) checkpoints ``partial(layer, **kwargs)`` with
 only the positional tensors as inputs.  Under reentrant checkpointing a tensor needing grad
 that reaches the layer any other way (by keyword, in a container, in a shared mapping, in a
 Cache) is re-walked by every recomputation ("Trying to backward through the graph a second
-time", Whisper) or cut off (silent missing gradients, LayoutLM), and so are outputs nested
-below the top level (pvt_v2), tensors stored into a shared mapping (Gemma-3n/4 KV sharing),
-and a discarded output gets zeros instead of no gradient (LiLT).
+time", Whisper) or cut off (silent missing gradients, LayoutLM).  On every release, also where a
+model calls ``self._gradient_checkpointing_func(layer.__call__, ...)`` itself, outputs nested below
+the top level are cut off (pvt_v2, LiLT), tensors stored into a shared mapping are constants
+(Gemma-3n/4 KV sharing), and a discarded output gets zeros instead of no gradient (LiLT).
 
-How this fixes it: a data descriptor on ``GradientCheckpointingLayer`` hands out the stored
-checkpoint function wrapped; the wrapper lifts those tensors into real checkpoint inputs and
-returns nested/stored tensors as extra outputs (``_checkpoint_inputs``, ``_checkpoint_outputs``,
-``_checkpoint_shared_state``).  Nothing to lift: the original call.  docs/fixes/transformers-checkpoint-layer-io.md.
+How this fixes it: slots on ``GradientCheckpointingLayer`` and on the classes that receive a
+checkpoint function hand it out wrapped; the wrapper lifts those tensors into checkpoint inputs
+and returns nested/stored tensors as extra outputs (``_checkpoint_inputs``, ``_checkpoint_outputs``,
+``_checkpoint_shared_state``); nothing to lift: the original call.  docs/fixes/transformers-checkpoint-layer-io.md.
 """
 
 from __future__ import annotations
 
 from typing import Any, Optional
 
-from hotfix.patches._checkpoint_slot import ATTRIBUTE, CheckpointFunctionSlot, code_objects
+from hotfix.patches._checkpoint_slot import ATTRIBUTE, CheckpointFunctionSlot, SlotCoverage, code_objects, setter_drift
 from hotfix.patch import Mechanism, Patch
 
 
@@ -81,30 +82,38 @@ def calls_checkpoint_with_partial(layer_class: type) -> bool:
 class TransformersCheckpointLayerIO(Patch):
     name = "transformers-checkpoint-layer-io"
     aliases = ("transformers-keyword-tensors",)  # its name until 0.1.0; still accepted as an opt-out
-    targets = ("transformers.modeling_layers",)
-    affected = {"transformers": ">=4.53.0"}
-    # Provisional ranges from reading upstream; tools/census/ measures every release line against them.
+    # modeling_utils: the classes models store a checkpoint function on (direct callers, every release);
+    # modeling_layers (4.52+): GradientCheckpointingLayer, which binds keywords in a partial.
+    targets = ("transformers.modeling_utils", "transformers.modeling_layers")
+    # Ranges equal to the census's evidence (docs/versions.md, tests/versions/test_version_gates.py).
     mechanisms = (
-        Mechanism("keyword-tensors", {"transformers": ">=4.53.0"},
+        Mechanism("keyword-tensors", {"transformers": ">=4.52.0"},
                   summary="a tensor needing grad passed by keyword (Whisper encoder_hidden_states=, DeBERTa-v2, WavLM, "
-                          "LayoutLM)"),
-        Mechanism("nested-outputs", {"transformers": ">=4.53.0"},
-                  summary="a layer output that nests its tensors (pvt_v2's ((hidden,), h, w))"),
+                          "LayoutLM, a third-party GradientCheckpointingLayer)"),
+        Mechanism("nested-outputs", {"transformers": ">=4.35.0"},
+                  summary="a layer output that nests its tensors (pvt_v2's ((hidden,), h, w), LiLT before 4.53)"),
         Mechanism("shared-mapping", {"transformers": ">=4.53.0"},
                   summary="tensors a layer stores into a mapping shared across layers (Gemma-3n/4 KV sharing)"),
         Mechanism("cache-contents", {"transformers": ">=4.56.0"},
                   summary="keys/values a layer reads from a Cache it is handed (DiffusionGemma's decoder)"),
-        Mechanism("unused-outputs", {"transformers": ">=4.53.0"},
+        Mechanism("unused-outputs", {"transformers": ">=4.35.0"},
                   summary="a layer output the loss never uses gets zeros instead of no gradient (LiLT)"),
     )
     symptom = (
         "RuntimeError: Trying to backward through the graph a second time - Whisper training "
         "with gradient checkpointing (decoder gets encoder_hidden_states= by keyword)"
     )
-    upstream = "huggingface/transformers#38913 (GradientCheckpointingLayer, first in 4.53.0)"
+    upstream = ("huggingface/transformers#38913 (every layer on GradientCheckpointingLayer, 4.53.0; the class "
+                "itself since 4.52.0)")
     fixed_in = None  # no release fixes the general case as of 5.23.0
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.coverage = SlotCoverage(self, _checkpoint_with_lifted_inputs, SLOT_RANK)
+
     def drift(self, module: Any) -> Optional[str]:
+        if module.__name__ != "transformers.modeling_layers":
+            return setter_drift(module)
         layer = getattr(module, "GradientCheckpointingLayer", None)
         if not isinstance(layer, type):
             return "GradientCheckpointingLayer is missing"
@@ -113,6 +122,9 @@ class TransformersCheckpointLayerIO(Patch):
         return None
 
     def _apply(self, module: Any) -> None:
+        if module.__name__ != "transformers.modeling_layers":
+            self.coverage.hook(module)
+            return
         from torch.compiler import is_compiling  # modeling_layers imported torch already
 
         layer = module.GradientCheckpointingLayer

@@ -19,13 +19,9 @@ from __future__ import annotations
 import functools
 from typing import Any, Optional
 
-from hotfix.patches._checkpoint_slot import ATTRIBUTE, CheckpointFunctionSlot, code_objects
+from hotfix.patches._checkpoint_slot import SlotCoverage, setter_drift
 from hotfix.patch import Mechanism, Patch
 
-SETTER = "_set_gradient_checkpointing"
-#: PreTrainedModel methods after which a model's modules may hold a checkpoint function
-#: (``__setstate__``: unpickling, deepcopy, torch.load, spawn workers)
-ENABLERS = (SETTER, "gradient_checkpointing_enable", "activation_checkpointing_enable", "__setstate__")
 #: inside the checkpoint-layer-io slot (_checkpoint_slot composes by rank)
 SLOT_RANK = 10
 
@@ -89,8 +85,8 @@ def _checkpoint_with_anchor(wrapped, instance, args, kwargs):
 class TransformersFrozenInputs(Patch):
     name = "transformers-frozen-inputs"
     targets = ("transformers.modeling_utils",)
-    # 4.35.0 introduced _set_gradient_checkpointing(enable, gradient_checkpointing_func).
-    affected = {"transformers": ">=4.35.0"}
+    # Ranges equal to the census's evidence (docs/versions.md); 4.35.0 introduced
+    # _set_gradient_checkpointing(enable, gradient_checkpointing_func), below the census.
     mechanisms = (
         Mechanism("frozen-layer-inputs", {"transformers": ">=4.35.0"},
                   summary="a reentrant checkpointed layer with trainable parameters and no input needing grad "
@@ -104,55 +100,15 @@ class TransformersFrozenInputs(Patch):
                 "which covers only models that call it)")
     fixed_in = None  # reentrant checkpointing of a layer without grad inputs is still silent in 5.23.0
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.coverage = SlotCoverage(self, _checkpoint_with_anchor, SLOT_RANK)
+
     def drift(self, module: Any) -> Optional[str]:
-        setter = getattr(getattr(module, "PreTrainedModel", None), SETTER, None)
-        if setter is None:
-            return f"PreTrainedModel.{SETTER} is missing"
-        if not any(ATTRIBUTE in code.co_names for code in code_objects(setter)):
-            return f"PreTrainedModel.{SETTER} no longer stores the checkpoint function as {ATTRIBUTE}"
-        return None
+        return setter_drift(module)
 
     def _apply(self, module: Any) -> None:
-        pretrained = module.PreTrainedModel
-        for method in ENABLERS:
-            if hasattr(pretrained, method):
-                self.wrap(pretrained, method, self._cover_after)
-        # Model classes from other modules exist (modeling_utils defines one base of its own): models
-        # may have been set up before activation.  On the start-up hook's path none exist yet.
-        if any(cls.__module__ != module.__name__ for cls in pretrained.__subclasses__()):
-            self._cover_existing_models(pretrained)
-
-    def _cover_after(self, wrapped, instance, args, kwargs):
-        """wrapt wrapper of the enablers and ``__setstate__``: cover the model they just set up."""
-        result = wrapped(*args, **kwargs)
-        if instance is not None and self.applied:
-            self.cover(instance)
-        return result
-
-    def cover(self, model: Any) -> None:
-        """Install the slot on the class of every module of ``model`` that holds a checkpoint function."""
-        classes = {type(module) for module in model.modules() if ATTRIBUTE in module.__dict__}
-        with self._lock:
-            for cls in classes:
-                present = cls.__dict__.get(ATTRIBUTE)
-                if isinstance(present, CheckpointFunctionSlot) and present.wrapper is _checkpoint_with_anchor:
-                    continue
-                if present is not None and not isinstance(present, CheckpointFunctionSlot):
-                    self.warn_once(cls, f"{cls.__qualname__} defines {ATTRIBUTE} itself; not covered")
-                    continue
-                from torch.compiler import is_compiling
-
-                self.replace(cls, ATTRIBUTE, CheckpointFunctionSlot(cls, _checkpoint_with_anchor, is_compiling,
-                                                                    rank=SLOT_RANK))
-
-    def _cover_existing_models(self, pretrained: type) -> None:
-        import gc
-
-        for obj in gc.get_objects():
-            # type(), not isinstance(): isinstance reads obj.__class__, a property on some objects
-            # (torch.distributed.reduce_op warns when read).
-            if issubclass(type(obj), pretrained):
-                self.cover(obj)
+        self.coverage.hook(module)
 
 
 patch = TransformersFrozenInputs()

@@ -1,7 +1,6 @@
 """In-process unit tests of the core contracts: seconds, no child interpreter, no release matrix.
 
-Run alone with ``python -m pytest tests/unit`` from the repository root (a
-checkout imports like an install, hotfix/checkout.py) or inside the full suite.
+Run alone with ``pytest -m unit`` (after ``pip install -e .`` in a checkout) or inside the full suite.
 """
 
 from __future__ import annotations
@@ -19,7 +18,7 @@ import pytest
 import torch
 
 from hotfix.patches._checkpoint_inputs import find_grad_tensors, lift_closure_tensors
-from hotfix.patches._checkpoint_slot import ATTRIBUTE, CheckpointFunctionSlot
+from hotfix.patches._checkpoint_slot import ATTRIBUTE, CheckpointFunctionSlot, SlotCoverage
 from hotfix.config import parse_disable, parse_log_level, parse_patch_list
 from hotfix.patch import Patch
 from hotfix.reload_watch import ReloadWatcher
@@ -216,3 +215,31 @@ def test_slots_compose_by_rank_whichever_class_holds_them_and_the_instance_keeps
     finally:
         for owner in slots:
             delattr(owner, ATTRIBUTE)
+
+
+def test_a_slot_that_displaces_another_fixes_slot_keeps_it_working_and_gives_it_back():
+    """Two fixes cover the same class (an encoder that calls its checkpoint function itself): the second
+    slot displaces the first on the class dict, both still wrap by rank, and reverting newest first
+    leaves the class exactly as it was."""
+
+    class Fix(Patch):
+        targets = ("unit_target",)
+
+    class Encoder(torch.nn.Module):
+        pass
+
+    outer, inner = Fix(), Fix()
+    outer.name, inner.name = "outer", "inner"
+    model = Encoder()
+    model._gradient_checkpointing_func = lambda x: x + 1
+    SlotCoverage(outer, _tag("outer"), rank=20).cover(model)
+    first = Encoder.__dict__[ATTRIBUTE]
+    coverage = SlotCoverage(inner, _tag("inner"), rank=10)
+    coverage.cover(model)
+    coverage.cover(model)  # covered already: nothing stacks
+    assert Encoder.__dict__[ATTRIBUTE].displaced is first
+    assert getattr(model, ATTRIBUTE)(1) == ("outer", ("inner", 2))
+    assert inner.revert() and Encoder.__dict__[ATTRIBUTE] is first
+    assert getattr(model, ATTRIBUTE)(1) == ("outer", 2)
+    assert outer.revert() and ATTRIBUTE not in Encoder.__dict__
+    assert getattr(model, ATTRIBUTE)(1) == 2

@@ -1,4 +1,4 @@
-"""A checkpointed layer output that the loss never uses, on transformers 5.23.0, through the sweep's own path.
+"""Layer outputs a reentrant checkpoint mishandles, through the sweep's own path: unused (LiLT, 5.23.0), nested (4.52.4).
 
 Found by the sweep.  The test runs LiLT upstream (``HOTFIX_DISABLE=1``) and with hotfix, through torch's
 checkpoint function and unsloth-zoo's ``UnslothCheckpointFunction``, against a run without checkpointing
@@ -22,3 +22,15 @@ def test_lilt_unused_layout_output_gets_zeros_upstream_and_no_gradient_with_hotf
     assert_sweep_cells(rows, 4, upstream=lambda reentrant: reentrant["status"] == "wrong"
                        and "unexpected" in reentrant["summary"]
                        and reentrant["missing"] == 0 and reentrant["wrong"] == 0)  # only the zeros
+
+
+def test_nested_outputs_of_a_model_that_calls_its_checkpoint_function_itself(tmp_path):
+    """Before 4.53 LiLT's and pvt_v2's encoders call ``self._gradient_checkpointing_func(layer.__call__, ...)``
+    themselves (no GradientCheckpointingLayer); their layers return nested outputs (LiLT ``((text, layout),)``,
+    pvt_v2 ``((hidden,), h, w)``), which a reentrant checkpoint cuts off: upstream most gradients are missing,
+    through both functions.  With hotfix the slot on the encoder's class returns them as checkpoint outputs."""
+    for model in ("lilt", "pvt_v2"):
+        (tmp_path / model).mkdir()
+        rows = run_sweep(tmp_path / model, "4.52.4", model, "full")
+        assert_sweep_cells(rows, 4, upstream=lambda reentrant: reentrant["status"] == "wrong"
+                           and reentrant["missing"] > 0)

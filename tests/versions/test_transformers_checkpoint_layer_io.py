@@ -30,13 +30,13 @@ CASES = [
 # 2.13.0) for each release of tests/matrix.txt: the cases that do NOT give
 # no-checkpointing gradients there.  4.52.4 has GradientCheckpointingLayer
 # already but no built-in model on it, so only a third-party layer hits the
-# bug; hotfix's range starts at 4.53.0 and leaves 4.52 alone.  LayoutLM moved
-# onto the layer class after 4.53; 5.x passes Whisper's and LayoutLM's
-# tensors positionally.
+# keyword bug there.  LayoutLM moved onto the layer class after 4.53; 5.x passes
+# Whisper's and LayoutLM's tensors positionally.
 _ALL = set(CASES)
 _CUSTOM = {"custom-layer", "custom-layer-nested", "custom-layer-positional"}
 # pvt-v2 loses 52 of 54 gradients on every release: reentrant checkpointing connects only top-level
-# outputs.  On 4.52 its stages are not GradientCheckpointingLayers yet, so it stays broken there.
+# outputs.  On 4.52 its stages are not GradientCheckpointingLayers yet: the encoder calls its checkpoint
+# function itself, and hotfix's slot on the encoder's class repairs it there.
 UNPATCHED_BROKEN = {
     "4.52.4": _CUSTOM | {"pvt-v2"},
     "4.53.3": _ALL - {"layoutlm"},
@@ -45,12 +45,11 @@ UNPATCHED_BROKEN = {
     "5.0.0": _CUSTOM | {"deberta-v2", "wavlm", "pvt-v2"},
     "5.23.0": _CUSTOM | {"deberta-v2", "wavlm", "pvt-v2"},
 }
-PATCHED_RANGE_START = Version("4.53.0")
 
 
 def _line(version: str) -> str:
     v = Version(version)
-    if v < PATCHED_RANGE_START:
+    if v < Version("4.53.0"):
         return "4.52"
     return "4.5x" if v.major == 4 else "5.x"
 
@@ -75,7 +74,6 @@ def _outcome(result):
 @pytest.mark.parametrize("version", matrix_versions("transformers"))
 def test_reentrant_checkpointing_gradients(version):
     """Fails upstream as measured; with hotfix every case's gradients equal no-checkpointing."""
-    line = _line(version)
     unpatched = _run_cases(version, disabled=True)
     broken = {case for case in CASES if _outcome(unpatched.get(case)) == "broken"}
     assert broken == UNPATCHED_BROKEN[version], {c: unpatched.get(c) for c in CASES}
@@ -83,10 +81,6 @@ def test_reentrant_checkpointing_gradients(version):
     patched = _run_cases(version, disabled=False)
     for case in CASES:
         result = patched.get(case)
-        if line == "4.52":
-            # Not in the affected range: nothing patched, upstream behaviour unchanged.
-            assert (_outcome(result) == "broken") == (case in UNPATCHED_BROKEN[version]), result
-            continue
         assert result and result["status"] == "equal", result
         assert result["missing"] == 0 and result["wrong"] == 0 and result["max_error"] <= 1e-6
 
