@@ -87,8 +87,7 @@ class TransformersInputGradsLeaf(Patch):
     targets = ("transformers.modeling_utils",)
     # The hook is older than the releases hotfix supports (4.35.0 is the floor of
     # the other transformers fixes).  No upper bound: 5.23.0 still has the hook,
-    # and from 5.0 checkpointing itself calls it.
-    affected = {"transformers": ">=4.35.0"}
+    # and from 5.0 checkpointing itself calls it (census: docs/versions.md).
     mechanisms = (
         Mechanism("in-place-on-leaf", {"transformers": ">=4.35.0"},
                   summary="the hooked embeddings' output is a leaf the model changes in place (GIT, BLIP, BLT, CSM)"),

@@ -39,8 +39,8 @@ class UnslothZooClosureTensors(Patch):
     name = "unsloth-zoo-closure-tensors"
     targets = ("unsloth_zoo.gradient_checkpointing",)
     # Spelled as the metadata spells the distribution; importlib.metadata
-    # normalises unsloth_zoo / unsloth-zoo alike (checked by the tests).
-    affected = {"unsloth-zoo": ">=2024.11.6"}
+    # normalises unsloth_zoo / unsloth-zoo alike (checked by the tests).  2024.11.6 is the
+    # first release with UnslothCheckpointFunction; every release since is broken (census).
     mechanisms = (
         Mechanism("closure-tensors", {"unsloth-zoo": ">=2024.11.6"},
                   summary="a tensor needing grad bound in the checkpointed partial (Whisper decoder)"),

@@ -140,8 +140,7 @@ def build_checkpoint_methods(offloader: "ActivationOffloader", recompute_marker:
 class UnslothZooOffloadBackward(Patch):
     name = "unsloth-zoo-offload-backward"
     targets = ("unsloth_zoo.gradient_checkpointing",)
-    affected = {"unsloth-zoo": ">=2025.1.1,<2026.8.11"}
-    mechanisms = (
+    mechanisms = (  # each range equal to the census's evidence (docs/versions.md)
         Mechanism("frozen-first-input", {"unsloth-zoo": ">=2025.1.1,<2026.8.11"}, fixed_in="2026.8.11",
                   summary="args[0] frozen, another input needing grad: too few gradients returned"),
         Mechanism("late-offload", {"unsloth-zoo": ">=2025.1.1,<2025.11.5"}, fixed_in="2025.11.5",
