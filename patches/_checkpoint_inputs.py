@@ -49,19 +49,17 @@ def layer_call(function: Any) -> Any:
     return function
 
 
-def _needs_grad(value: Any) -> bool:
-    return isinstance(value, torch.Tensor) and value.requires_grad
-
-
 def find_grad_tensors(value: Any, found: List[torch.Tensor], seen: set) -> None:
     """Collect tensors that require grad in ``value`` (tensors, tuples, lists, mappings, caches).
 
     Each tensor is collected once (by identity) even when it occurs several times.
     """
-    if _needs_grad(value):
-        if id(value) not in seen:
+    if isinstance(value, torch.Tensor):  # most values: answered without the container checks below
+        if value.requires_grad and id(value) not in seen:
             seen.add(id(value))
             found.append(value)
+    elif value is None or isinstance(value, (bool, int, float, str)):
+        return
     elif isinstance(value, (tuple, list)):
         for item in value:
             find_grad_tensors(item, found, seen)

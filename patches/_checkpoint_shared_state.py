@@ -38,7 +38,8 @@ class _NoPrivateCopy(Exception):
 
 
 def _is_mapping(value: Any) -> bool:
-    return isinstance(value, MutableMapping)
+    # tensors first: most values handed to a layer are, and the ABC check costs more
+    return not isinstance(value, torch.Tensor) and isinstance(value, MutableMapping)
 
 
 def _tensors(value: Any) -> Iterator[torch.Tensor]:

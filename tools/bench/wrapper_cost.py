@@ -9,8 +9,10 @@ Three layers, each a transformers ``GradientCheckpointingLayer`` subclass called
   (b) a keyword tensor that needs grad (Whisper's ``encoder_hidden_states``): lifted into the inputs;
   (c) a shared mapping handed by keyword, one layer storing keys that later layers read (Gemma-4 KV
       sharing): the layer gets a private copy, the stored tensors become checkpoint outputs.
-Per case, in one process and interleaved round by round: the forward of one checkpointed call of a
-tiny such layer (µs, median over ``--calls`` calls, median over rounds; hotfix minus without = the
+The model is a ``PreTrainedModel`` and checkpointing is switched on with ``gradient_checkpointing_enable``,
+as in training scripts, so every slot hotfix puts on a checkpointing class (both transformers fixes)
+is in the measured call.  Per case, in one process and interleaved round by round: the forward of
+one checkpointed call of a tiny such layer (µs, median over ``--calls`` calls, median over rounds; hotfix minus without = the
 wrapper's cost), and a whole training step (forward + backward) of a model of ``--layers`` layers of
 ``--width``, as a ratio with / without hotfix.  "Without" is the
 same process after ``hotfix.revert()`` (every original object back), "with" after ``hotfix.activate()``.
@@ -58,30 +60,40 @@ def _layers():
     return Layer
 
 
-class Model(torch.nn.Module):
-    def __init__(self, case, layers, width, reentrant=True):
-        super().__init__()
-        Layer = _layers()
-        self.case = case
-        self.layers = torch.nn.ModuleList(Layer(width, case, i) for i in range(layers))
-        self.encoder = torch.nn.Linear(width, width)
-        for layer in self.layers:
-            layer.gradient_checkpointing = True
-            layer._gradient_checkpointing_func = functools.partial(torch.utils.checkpoint.checkpoint,
-                                                                   use_reentrant=reentrant)
+def _model_class():
+    from transformers import PretrainedConfig, PreTrainedModel
 
-    def keywords(self, hidden):
-        if self.case == "a":
-            return {"cos": torch.ones_like(hidden[0]), "sin": torch.zeros_like(hidden[0])}
-        if self.case == "b":
-            return {"encoder_hidden_states": self.encoder(hidden)}
-        return {"shared": collections.UserDict()}
+    class BenchConfig(PretrainedConfig):
+        model_type = "hotfix-wrapper-bench"
 
-    def forward(self, hidden):
-        keywords = self.keywords(hidden)
-        for layer in self.layers:
-            hidden = layer(hidden, **keywords)
-        return hidden.pow(2).mean()
+    class Model(PreTrainedModel):
+        config_class = BenchConfig
+        supports_gradient_checkpointing = True
+
+        def __init__(self, case, layers, width, reentrant=True):
+            super().__init__(BenchConfig())
+            Layer = _layers()
+            self.case = case
+            self.layers = torch.nn.ModuleList(Layer(width, case, i) for i in range(layers))
+            self.encoder = torch.nn.Linear(width, width)
+            # transformers' own enabler: it stores the checkpoint function on every layer, and hotfix's
+            # coverage puts its slots on the classes that received it
+            self.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+
+        def keywords(self, hidden):
+            if self.case == "a":
+                return {"cos": torch.ones_like(hidden[0]), "sin": torch.zeros_like(hidden[0])}
+            if self.case == "b":
+                return {"encoder_hidden_states": self.encoder(hidden)}
+            return {"shared": collections.UserDict()}
+
+        def forward(self, hidden):
+            keywords = self.keywords(hidden)
+            for layer in self.layers:
+                hidden = layer(hidden, **keywords)
+            return hidden.pow(2).mean()
+
+    return Model
 
 
 def _call_us(model, hidden, calls=200):
@@ -122,6 +134,7 @@ def main(argv=None):
     # The per-call cost is timed on a tiny layer (width 8, 4 tokens): its own compute is small enough
     # that the wrapper's microseconds are not lost in the noise of a busy machine.
     tiny = torch.randn(1, 4, 8, requires_grad=True)
+    Model = _model_class()
     results = {}
     for case in "abc":
         torch.manual_seed(0)
@@ -145,6 +158,9 @@ def main(argv=None):
                         steps[side] = []
                 steps[side].append(_step_s(baseline if side == "without" else model, hidden))
         hotfix.activate()
+        from hotfix.patches._checkpoint_slot import slots_on
+
+        slots = [f"{slot.wrapper.__module__}.{slot.wrapper.__name__}" for slot in slots_on(type(probe.layers[0]))]
         with_us, without_us = statistics.median(calls["with"]), statistics.median(calls["without"])
         step_with, step_without = statistics.median(steps["with"]), statistics.median(steps["without"])
         results[case] = {
@@ -154,6 +170,7 @@ def main(argv=None):
             "step_ratio": round(step_with / step_without, 4),
             "step_without_is": "reentrant, hotfix reverted" if upstream_runs else
             "non-reentrant, hotfix reverted (upstream's reentrant step crashes: the bug)",
+            "wrappers_in_the_call": slots,  # every hotfix slot a checkpointed call of this layer goes through
         }
     print(json.dumps({"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()}, "
                       f"{torch.get_num_threads()} torch thread(s)", "python": platform.python_version(),
