@@ -1,9 +1,11 @@
-"""The census tool itself, on a CI-sized subset: one release of the matrix, torch's function, a few cells.
+"""The census tool itself, on a CI-sized subset: releases of the matrix, a few cells of each kind.
 
-tools/census/census.py runs the cells of 4.56.2 without and with hotfix into a temporary store and
-renders its page: the Whisper keyword-tensor cell is broken upstream and equal with hotfix, the
-release-absent Gemma-4 cell is n/a, and the page shows both.  (The full census runs for hours; its
-committed rows are checked by test_version_gates.py.)
+tools/census/census.py runs, into a temporary store, without and with hotfix: on transformers 4.56.2
+through torch's function and unsloth-zoo's (2026.10.9 on CPU) a sweep cell (Whisper's keyword tensors: broken upstream, equal with hotfix),
+a lab cell (a third-party GradientCheckpointingLayer), a release-absent cell (Gemma-4: n/a) and a cell
+whose step without checkpointing crashes upstream (GIT's input-grad hook); and unsloth-zoo 2025.11.3
+with the transformers line of its time (4.57.6), every zoo case.  Then it renders the page.  (The full
+census runs for hours; its committed rows are checked by test_version_gates.py.)
 """
 
 from __future__ import annotations
@@ -15,20 +17,34 @@ import sys
 from conftest import REPO, clean_env, matrix_path
 
 
-def test_census_subset(tmp_path):
-    matrix_path("transformers", "4.56.2")
+def _census(tmp_path, *args):
     store, doc = tmp_path / "census.jsonl", tmp_path / "versions.md"
-    proc = subprocess.run([sys.executable, str(REPO / "tools" / "census" / "census.py"), "--dimension", "transformers",
-                           "--releases", "4.56.2", "--functions", "torch", "--results", str(store), "--doc", str(doc),
-                           "--cells", "whisper/full,gemma4+kv_shared/full,git/lora-input-grads"],
+    proc = subprocess.run([sys.executable, str(REPO / "tools" / "census" / "census.py"), *args,
+                           "--results", str(store), "--doc", str(doc)],
                           env=clean_env({"OMP_NUM_THREADS": "1"}), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    rows = {(r["case"], r["hotfix"]): r for r in map(json.loads, store.read_text().splitlines())}
-    assert len(rows) == 6, sorted(rows)
-    assert rows[("whisper/full", False)]["verdict"] == "crash" and rows[("whisper/full", True)]["verdict"] == "equal"
-    assert rows[("git/lora-input-grads", False)]["verdict"] == "crash"
-    assert rows[("git/lora-input-grads", True)]["verdict"] == "equal"
-    assert {rows[("gemma4+kv_shared/full", on)]["verdict"] for on in (False, True)} == {"n/a"}
+    return store, doc
+
+
+def test_census_subset(tmp_path):
+    for name, version in [("transformers", "4.56.2"), ("transformers", "4.57.6"), ("unsloth-zoo", "2025.11.3"),
+                          ("unsloth-zoo", "2026.10.9")]:
+        matrix_path(name, version)  # installed by scripts/test.sh: the census installs nothing here
+    store, doc = _census(tmp_path, "--dimension", "transformers", "--releases", "4.56.2", "--functions", "torch,unsloth",
+                         "--cells", "whisper/full,gemma4+kv_shared/full,git/lora-input-grads,lab/custom-layer")
+    store, doc = _census(tmp_path, "--dimension", "unsloth-zoo", "--releases", "2025.11.3")
+    rows = {(r["case"], r["function"], r["hotfix"]): r for r in map(json.loads, store.read_text().splitlines())}
+    assert len(rows) == 16 + 8, sorted(rows)
+    cells = [(case, function, upstream) for function in ("torch", "unsloth") for case, upstream in
+             [("whisper/full", "crash"), ("git/lora-input-grads", "crash"), ("lab/custom-layer", "crash")]]
+    cells += [(case, "unsloth", upstream) for case, upstream in
+              [("zoo/closure", "crash"), ("zoo/whisper", "crash"), ("zoo/frozen", "crash"), ("zoo/offload", "late")]]
+    for case, function, upstream in cells:
+        found = (rows[(case, function, False)]["verdict"], rows[(case, function, True)]["verdict"])
+        assert found == (upstream, "equal"), (case, function, found)
+    assert {rows[("gemma4+kv_shared/full", f, on)]["verdict"] for f in ("torch", "unsloth") for on in (0, 1)} == {"n/a"}
+    assert rows[("zoo/closure", "unsloth", True)]["transformers"] == "4.57.6"
     page = doc.read_text()
     assert "| 4.56.2 | broken → equal |" in page, page  # keyword-tensors, the first column
+    assert "| 2025.11.3 | 4.57.6 | broken → equal | broken → equal | broken → equal |" in page, page
     assert "## Broken with hotfix\n\nNone." in page, page

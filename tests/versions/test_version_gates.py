@@ -25,12 +25,6 @@ def _rows():
     return [json.loads(line) for line in sweep_store.read_lines(STORE)]
 
 
-def _builtin_fixes():
-    import hotfix
-
-    return [p for key, p in hotfix.known_patches().items() if hotfix.registry.sources.get(key) == "hotfix-checkpoint"]
-
-
 def test_the_census_covers_every_release_it_should():
     rows = [r for r in _rows() if r["torch"].startswith("2.13")]
     measured = {(r["dimension"], r["release"]) for r in rows}
@@ -40,7 +34,7 @@ def test_the_census_covers_every_release_it_should():
 
 
 def test_declared_ranges_equal_the_evidence():
-    assert gates.problems(_rows(), _builtin_fixes()) == []
+    assert gates.problems(_rows(), gates.builtin_fixes()) == []
 
 
 def test_the_gate_rules_catch_a_range_that_disagrees():

@@ -1,8 +1,10 @@
 """The census's fixed core: which cell probes which mechanism, and a row's verdict.
 
 A transformers cell is a model type (``+variant`` as in tools/sweep/sweep_families) and a sweep recipe
-(tools/sweep/sweep_recipes.py); its verdict is the reentrant mode's, compared with the step without
-checkpointing by hotfix's own rule.  An unsloth-zoo cell is a case of tools/lab/zoo_cases.py.
+(tools/sweep/sweep_recipes.py), or a case of tools/lab/grad_case.py (``lab/<case>``: what no built-in
+model shows, e.g. a third-party GradientCheckpointingLayer); its verdict is the reentrant mode's,
+compared with the step without checkpointing by hotfix's own rule.  An unsloth-zoo cell is a case of
+tools/lab/zoo_cases.py.
 Verdicts: equal | wrong | crash | guard (memory/time guard) | late (step 1 offloads nothing) | n/a
 (absent, not applicable, no checkpointing) | error (the cell could not be built or run; measured again
 on the next run).
@@ -29,6 +31,14 @@ CELLS: List[Tuple[str, str, str]] = [
     ("swin", "lora-input-grads", "tuple-embeddings"),
 ]
 
+#: (grad_case.py case, mechanism): full fine-tuning of tools/lab/tiny_models.py's builders
+LAB_CELLS: List[Tuple[str, str]] = [
+    ("whisper-frozen-decoder-embeddings", "keyword-tensors"),  # only the keyword tensor needs grad
+    ("custom-layer", "keyword-tensors"),  # a third-party GradientCheckpointingLayer, tensor by keyword
+    ("custom-layer-nested", "keyword-tensors"),  # ... inside a container passed by keyword
+    ("custom-layer-positional", "keyword-tensors"),  # ... inside a container passed positionally
+]
+
 #: (zoo_cases.py case, mechanism)
 ZOO_CASES: List[Tuple[str, str]] = [
     ("closure", "closure-tensors"),
@@ -41,6 +51,7 @@ ZOO_CASES: List[Tuple[str, str]] = [
 RETRY = ("error",)
 
 MECHANISM = {f"{model}/{recipe}": mechanism for model, recipe, mechanism in CELLS}
+MECHANISM.update({f"lab/{case}": mechanism for case, mechanism in LAB_CELLS})
 MECHANISM.update({f"zoo/{case}": mechanism for case, mechanism in ZOO_CASES})
 
 
@@ -73,6 +84,16 @@ def transformers_row(row: Dict, version: str, hotfix: bool, function: str) -> Di
         return _row("transformers", version, function, case, hotfix, "crash",
                     f"without checkpointing: {row.get('detail', '')}")
     return _row("transformers", version, function, case, hotfix, "error", f"{result}: {row.get('detail', '')}")
+
+
+def lab_row(case: str, result: Dict, version: str, hotfix: bool, function: str) -> Dict:
+    """A grad_case.py result (tests' vocabulary) as a census row; a builder that cannot import is n/a."""
+    status = result.get("status")
+    if status == "n/a":
+        return _row("transformers", version, function, f"lab/{case}", hotfix, "n/a", f"absent: {result.get('error', '')}")
+    verdict = {"equal": "equal", "differs": "wrong", "crash": "crash", "guard": "guard"}.get(status, "error")
+    detail = result.get("summary") or result.get("error") or ""
+    return _row("transformers", version, function, f"lab/{case}", hotfix, verdict, detail)
 
 
 def absent_row(model: str, recipe: str, version: str, hotfix: bool, function: str) -> Dict:

@@ -13,7 +13,8 @@ Dimensions (releases: tools/census/releases.py):
   sweep, built and checked by tools/sweep/'s worker, memory/time guard per step, a worker killed per
   model after ``--model-timeout``) run through torch's reentrant checkpoint and unsloth-zoo's
   ``UnslothCheckpointFunction`` (tools/sweep/sweep_models.py's UNSLOTH_ZOO, loaded on CPU), with hotfix
-  off (HOTFIX_DISABLE=1) and on.  A model type the release does not have is "n/a: absent".
+  off (HOTFIX_DISABLE=1) and on.  A model type the release does not have is "n/a: absent".  The lab
+  cells (``cells.LAB_CELLS``, tools/lab/grad_case.py) run in one child per half the same way.
 * unsloth-zoo: every release from 2024.11.6 with the transformers line it was made for, through
   tools/lab/zoo_cases.py (upstream, then hotfix activated in the same process): closure tensors,
   a frozen first input, whether step 1 offloads.
@@ -115,6 +116,27 @@ def run_transformers(version: str, hotfix: bool, function: str, done: set, sink,
                 sink(cells.absent_row(model, recipe, version, hotfix, function))
 
 
+def run_lab(version: str, hotfix: bool, function: str, done: set, sink, args) -> None:
+    """The lab cells of one (release, hotfix on/off, function): tools/lab/grad_case.py in one child."""
+    from hotfix.diagnostics.children import child_env, json_lines, last_line, run_python
+    import sweep_models
+
+    todo = [case for case, _ in cells.LAB_CELLS
+            if (not args.cells or f"lab/{case}" in args.cells) and ("lab", case) not in done]
+    if not todo:
+        return
+    install("transformers", version)
+    paths = [*sweep_models.release_pythonpath(version, function), REPO / "tools" / "lab"]
+    env = child_env(hotfix, keep_hotfix_settings=False, pythonpath=paths, extra={"OMP_NUM_THREADS": "1"})
+    swap = ["--function", "unsloth"] if function == "unsloth" else []
+    proc = run_python([str(REPO / "tools" / "lab" / "grad_case.py"), *swap, *todo], env=env, cwd=Path("/tmp"),
+                      timeout=args.model_timeout)
+    found = {r.get("case"): r for r in json_lines(proc.stdout)}
+    for case in todo:
+        result = found.get(case) or {"status": "error", "error": f"child exit {proc.returncode}: {last_line(proc)[:200]}"}
+        sink(cells.lab_row(case, result, version, hotfix, function))
+
+
 def run_zoo(zoo: str, transformers: str, done: set, sink, args) -> None:
     """One child: the zoo cases upstream, then with hotfix activated in the same process."""
     from hotfix.diagnostics.children import child_env, json_lines, run_python
@@ -183,6 +205,8 @@ def main(argv=None) -> int:
                 for function in args.functions.split(","):
                     for hotfix in (False, True):
                         jobs.append(lambda v=version, h=hotfix, f=function: run_transformers(
+                            v, h, f, cells_done(v, f, h), sink, args))
+                        jobs.append(lambda v=version, h=hotfix, f=function: run_lab(
                             v, h, f, cells_done(v, f, h), sink, args))
         if args.dimension in ("unsloth-zoo", "all"):
             for zoo, transformers in releases.zoo_releases():

@@ -38,6 +38,14 @@ def verdicts(rows: Iterable[Dict]) -> Dict[Tuple[str, str, str, str], Dict[str, 
     return {key: {"upstream": state(found[False]), "hotfix": state(found[True])} for key, found in grouped.items()}
 
 
+def builtin_fixes() -> List[object]:
+    """The fixes hotfix-checkpoint itself ships (third-party fixes declare their own ranges)."""
+    import hotfix
+
+    return [patch for key, patch in hotfix.known_patches().items()
+            if hotfix.registry.sources.get(key) == hotfix.DISTRIBUTION]
+
+
 def _declared(patches) -> Dict[str, object]:
     return {mechanism.name: mechanism for patch in patches for mechanism in patch.mechanisms}
 

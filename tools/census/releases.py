@@ -1,8 +1,9 @@
 """Which releases the census measures, from PyPI's upload dates (cached in pypi-releases.json; no network in CI).
 
 * transformers: the last patch release of every minor line from 4.46 to 5.23, plus the first
-  release of each line where a declared mechanism boundary lies (the lower bounds in the fixes'
-  ``mechanisms``: 4.53.0, 4.56.0, 5.0.0 ...);
+  release of each line where a declared range starts or ends inside that span (the bounds and
+  ``fixed_in`` of the built-in fixes' ``mechanisms``, read from the installed hotfix) and 5.0.0
+  (where 5.x changed ``enable_input_require_grads`` and the default ``use_reentrant``);
 * unsloth-zoo: every release from 2024.11.6 (the first with ``UnslothCheckpointFunction``) to the
   latest, each paired with "the transformers line it was made for": the newest transformers minor
   line whose first release was uploaded before that unsloth-zoo release (what ``pip install -U``
@@ -25,8 +26,8 @@ HERE = Path(__file__).resolve().parent
 CACHE = HERE / "pypi-releases.json"
 FIRST_LINE, LAST_LINE = (4, 46), (5, 23)
 FIRST_ZOO = "2024.11.6"
-#: first releases of lines where a declared range starts (hotfix's mechanisms) -- measured too
-BOUNDARY_FIRSTS = ("4.53.0", "4.56.0", "5.0.0")
+#: first releases measured besides the declared boundaries (see the module docstring)
+EXTRA_FIRSTS = ("5.0.0",)
 
 
 def refresh() -> None:
@@ -48,6 +49,30 @@ def _final(version: str) -> bool:
     return not (parsed.is_prerelease or parsed.is_devrelease)
 
 
+def declared_bounds(distribution: str) -> List[str]:
+    """Every version where a built-in fix's declared range for ``distribution`` starts or ends, sorted."""
+    from packaging.specifiers import SpecifierSet
+
+    from gates import builtin_fixes
+
+    found = set()
+    for patch in builtin_fixes():
+        for mechanism in patch.mechanisms:
+            if distribution in mechanism.affected:
+                found.update(spec.version for spec in SpecifierSet(mechanism.affected[distribution])
+                             if spec.operator in (">=", "<"))
+                if mechanism.fixed_in:
+                    found.add(mechanism.fixed_in)
+    return sorted(found, key=Version)
+
+
+def boundary_firsts() -> List[str]:
+    """The first releases of lines where a declared transformers range starts or ends, inside the span."""
+    versions = {v for v in _dates()["transformers"] if _final(v)}
+    bounds = [v for v in declared_bounds("transformers") if FIRST_LINE <= Version(v).release[:2] <= LAST_LINE]
+    return [v for v in (*bounds, *EXTRA_FIRSTS) if v in versions]
+
+
 def transformers_releases() -> List[str]:
     """The census's transformers releases, oldest first."""
     versions = [v for v in _dates()["transformers"] if _final(v)]
@@ -56,8 +81,7 @@ def transformers_releases() -> List[str]:
         line = Version(version).release[:2]
         if FIRST_LINE <= line <= LAST_LINE and (line not in last or Version(version) > Version(last[line])):
             last[line] = version
-    chosen = set(last.values()) | {v for v in BOUNDARY_FIRSTS if v in versions}
-    return sorted(chosen, key=Version)
+    return sorted(set(last.values()) | set(boundary_firsts()), key=Version)
 
 
 def zoo_releases() -> List[Tuple[str, str]]:
@@ -68,7 +92,8 @@ def zoo_releases() -> List[Tuple[str, str]]:
         if _final(version):
             line = Version(version).release[:2]
             starts[line] = min(starts.get(line, uploaded), uploaded)
-    measured = {Version(v).release[:2]: v for v in transformers_releases() if v not in BOUNDARY_FIRSTS}
+    firsts = set(boundary_firsts())
+    measured = {Version(v).release[:2]: v for v in transformers_releases() if v not in firsts}
     pairs = []
     for zoo, uploaded in sorted(dates["unsloth_zoo"].items(), key=lambda item: Version(item[0])):
         if not _final(zoo) or Version(zoo) < Version(FIRST_ZOO):

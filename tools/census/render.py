@@ -65,6 +65,32 @@ def _table(rows: List[Dict], dimension: str, mechanisms: List[str], order: List[
     return lines
 
 
+def _gates(rows: List[Dict]) -> List[str]:
+    """The declared ranges beside what the rows measured (tests/versions/test_version_gates.py checks them)."""
+    import gates
+
+    out = ["## Declared ranges (the version gates)", "",
+           "Each fix applies where one of its mechanisms' declared ranges holds the installed version "
+           "(`hotfix status --verbose`). *measured broken upstream*: the releases of this page where the "
+           "mechanism's cases fail without hotfix (every torch measured). `tests/versions/test_version_gates.py` "
+           "fails when a range and these rows disagree (`tools/census/gates.py`). Below transformers 4.46 "
+           "nothing is measured: the 4.35.0 bounds are where `_set_gradient_checkpointing(enable, "
+           "gradient_checkpointing_func)`, the call every transformers fix hooks, first appeared.", "",
+           "| mechanism | fix | declared range | fixed in | measured broken upstream |", "|---|---|---|---|---|"]
+    broken: Dict[str, List[str]] = {}
+    for (dimension, _torch, name, release), states in sorted(gates.verdicts(rows).items()):
+        if states["upstream"] == "broken" and release not in broken.setdefault(name, []):
+            broken[name].append(release)
+    for fix in gates.builtin_fixes():
+        for mechanism in fix.mechanisms:
+            ranges = "; ".join(f"{dist} {spec}" for dist, spec in mechanism.affected.items())
+            found = sorted(broken.get(mechanism.name, []), key=Version)
+            span = (f"{found[0]} – {found[-1]} ({len(found)} releases)" if len(found) > 1 else
+                    (found[0] if found else "none"))
+            out.append(f"| {mechanism.name} | `{fix.name}` | {ranges} | {mechanism.fixed_in or '–'} | {span} |")
+    return out + [""]
+
+
 def render(rows: List[Dict], doc: Path) -> None:
     dates = sorted({r["date"] for r in rows})
     torches = sorted({r["torch"] for r in rows}, key=Version)
@@ -97,6 +123,7 @@ def render(rows: List[Dict], doc: Path) -> None:
                     "Each release with the transformers line it was made for (`tools/census/releases.py`).", ""]
             out += _table(zrows, "unsloth-zoo", ZOO_MECHANISMS, order, pairs)
             out.append("")
+    out += _gates(rows)
     out += ["## Broken with hotfix", ""]
     if not broken_with_hotfix:
         out.append("None.")

@@ -1,12 +1,13 @@
 """Run gradient-equivalence cases in this interpreter; one JSON line per case.
 
-    python grad_case.py [--default-checkpointing] CASE [CASE ...]
+    python grad_case.py [--default-checkpointing] [--function unsloth] CASE [CASE ...]
 
 For each case (tools/lab/tiny_models.py's BUILDERS) hotfix's
 comparison engine (``check_model``) runs one step without checkpointing and one
 with it (explicit ``use_reentrant=True``, or ``gradient_checkpointing_enable()``
 with ``--default-checkpointing``) and compares every parameter gradient at 1e-6
-relative.  A loss cut off the graph fails in ``backward()``, as in a training
+relative.  ``--function unsloth``: unsloth-zoo's ``UnslothCheckpointFunction`` (the release on
+PYTHONPATH, loaded on CPU by zoo_loader) swapped in for torch's reentrant one first, as unsloth does.  A loss cut off the graph fails in ``backward()``, as in a training
 script.  The engine's guard stops a runaway step (WavLM unpatched grows without
 bound): the case reports ``guard``, or, stuck inside one call, the process
 prints that line and exits with status 3.
@@ -62,6 +63,11 @@ def main(argv):
     mode = "reentrant"
     if argv and argv[0] == "--default-checkpointing":
         mode, argv = "default", argv[1:]
+    if argv[:2] == ["--function", "unsloth"]:
+        from zoo_loader import install_unsloth_swap, load_release  # tools/lab
+
+        install_unsloth_swap(load_release())
+        argv = argv[2:]
     for case in argv:
         print(json.dumps(run(case, mode)), flush=True)
     return 0

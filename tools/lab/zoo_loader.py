@@ -132,6 +132,8 @@ def cpu_initialize(gc, minimum_size=None):
     # later releases' own helpers, where they exist
     if "_compute_stream" in gc.__dict__:
         gc._compute_stream = lambda index: stream
+    if "_current_gpu_stream" in gc.__dict__:  # 2026.10.5 only
+        gc._current_gpu_stream = lambda device: stream
     if "_ensure_device_buffers" in gc.__dict__:
         gc._ensure_device_buffers = lambda index: None
     if "_reset_cpu_slots" in gc.__dict__:
@@ -149,9 +151,20 @@ def _torch():
 
 
 def install_unsloth_swap(gc):
-    """unsloth's own patch_unsloth_smart_gradient_checkpointing, CUDA init stubbed."""
+    """unsloth's own patch_unsloth_smart_gradient_checkpointing, CUDA init stubbed.
+
+    Every release swaps torch's ``CheckpointFunction`` for ``UnslothCheckpointFunction``, except
+    2025.6.3 and 2025.6.4, which only replace ``torch.utils.checkpoint.checkpoint`` by their
+    ``unsloth_checkpoint`` (which calls ``UnslothCheckpointFunction.apply``).  transformers bound
+    ``checkpoint`` when it was imported, so there it is pointed at the release's function too.
+    """
     gc.initialize_unsloth_gradient_checkpointing = lambda dtype=None: cpu_initialize(gc)
     gc.patch_unsloth_smart_gradient_checkpointing()
     import torch.utils.checkpoint as tuc
 
-    assert tuc.CheckpointFunction is gc.UnslothCheckpointFunction
+    if tuc.CheckpointFunction is gc.UnslothCheckpointFunction:
+        return
+    assert getattr(tuc.checkpoint, "__name__", "") == "unsloth_checkpoint", "the release swapped neither"
+    modeling_utils = sys.modules.get("transformers.modeling_utils")
+    if modeling_utils is not None:
+        modeling_utils.checkpoint = tuc.checkpoint

@@ -81,6 +81,8 @@ def apply(model, recipe: str):
         targets = lora_targets(model)
         if not targets:
             raise NotApplicable("no attention projection PEFT LoRA can wrap")
+        import torch.distributed.tensor  # noqa: F401  PEFT reads torch.distributed.tensor.DTensor without
+        # importing it; newer transformers lines import it first, 4.46 does not (AttributeError)
         from peft import LoraConfig, get_peft_model
 
         config = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=targets, init_lora_weights=False)

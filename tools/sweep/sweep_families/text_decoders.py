@@ -88,9 +88,17 @@ def _fix_diffusion_gemma(config):
     # layer indices, so the overrides are rebuilt for the cut layer list (sliding, full: the last must be full)
     text = config.text_config
     _set(text, num_experts=4, top_k_experts=2, moe_intermediate_size=32, sliding_window=4)
+    if getattr(text, "num_global_key_value_heads", 0) is None:  # 5.11: None, which its attention divides by
+        text.num_global_key_value_heads = text.num_key_value_heads
     _cut_layer_lists(text)
     _reset_per_layer(text)
     config.canvas_length = 4
+    if config.vision_config is None:  # 5.12 - 5.16: no default vision config, yet the encoder builds its tower
+        from transformers import CONFIG_MAPPING
+
+        from sweep_worker import shrink_config
+
+        config.vision_config = shrink_config(CONFIG_MAPPING["gemma4_vision"]())
     _set(config.vision_config, position_embedding_size=64)  # a 10240-entry table in the (idle) vision tower
 
 
