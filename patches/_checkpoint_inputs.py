@@ -24,7 +24,7 @@ import torch
 
 from hotfix.patches._private_copy import private_mapping
 
-__all__ = ["lift_closure_tensors", "find_grad_tensors", "is_reentrant", "layer_call", "map_structure"]
+__all__ = ["lift_closure_tensors", "find_grad_tensors", "hides_nothing", "is_reentrant", "layer_call", "map_structure"]
 
 
 def is_reentrant(checkpoint: Any, kwargs: dict) -> bool:
@@ -157,6 +157,31 @@ def _substitute(value: Any, replacement: dict) -> Any:
         return _cache_with(leaf, replacement)
 
     return map_structure(value, _is_tensor_or_cache, swap)
+
+
+def _plain(value: Any) -> bool:
+    """A value nothing can hide in: a tensor that needs no grad, None, or a scalar."""
+    if isinstance(value, torch.Tensor):
+        return not value.requires_grad
+    return value is None or isinstance(value, (bool, int, float, str))
+
+
+def hides_nothing(function: Any, inputs: Sequence[Any]) -> bool:
+    """Can nothing reach the layer except as a positional tensor?  The common call, answered cheaply.
+
+    True when every value bound in the ``partial`` is plain (or a plain tuple/list of plain values)
+    and every positional input is a tensor or plain: then there is no tensor needing grad for
+    ``lift_closure_tensors`` and no mapping for the shared-state watcher.  False only means
+    "look closer".
+    """
+    if isinstance(function, functools.partial):
+        for value in (*function.args, *function.keywords.values()):
+            if not _plain(value) and not (type(value) in (tuple, list) and all(_plain(item) for item in value)):
+                return False
+    for value in inputs:
+        if not isinstance(value, torch.Tensor) and not _plain(value):
+            return False
+    return True
 
 
 def lift_closure_tensors(

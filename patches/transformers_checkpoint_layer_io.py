@@ -17,7 +17,7 @@ and returns nested/stored tensors as extra outputs (``_checkpoint_inputs``, ``_c
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from hotfix.patches._checkpoint_slot import ATTRIBUTE, CheckpointFunctionSlot, SlotCoverage, code_objects, setter_drift
 from hotfix.patch import Mechanism, Patch
@@ -27,42 +27,47 @@ from hotfix.patch import Mechanism, Patch
 SLOT_RANK = 20
 
 
-def _checkpoint_with_lifted_inputs(wrapped, instance, args, kwargs):
-    """wrapt wrapper around a layer's checkpoint function."""
-    # Imported here, not at module level: loading this patch must not import
-    # torch (a tokenizer-only user has transformers without torch); by the time
-    # a layer checkpoints, torch is loaded anyway.
-    from hotfix.patches._checkpoint_inputs import is_reentrant, lift_closure_tensors
+def checkpoint_with_lifted_inputs(fix: Patch) -> Callable:
+    """The wrapt wrapper the slots put around a layer's checkpoint function, reporting through ``fix``.
+
+    Built when the fix first applies, not at module level: loading this patch must not import
+    torch (a tokenizer-only user has transformers without torch), and the targets have imported
+    it by then.  Bound once here, the helpers cost no import per checkpointed call.
+    """
+    from hotfix.patches._checkpoint_inputs import hides_nothing, is_reentrant, lift_closure_tensors
     from hotfix.patches._checkpoint_outputs import FlatOutputs
     from hotfix.patches._checkpoint_shared_state import UNSAFE, SharedStateWrites
 
-    if not args:
-        return wrapped(*args, **kwargs)
-    function, inputs = args[0], args[1:]
-    reentrant = is_reentrant(wrapped, kwargs)  # non-reentrant connects nested outputs and stored tensors itself
-    watched = SharedStateWrites.around(function, inputs, warn=patch.warn_once) if reentrant else None
-    if watched is UNSAFE:  # a mapping without a private copy: the call as upstream makes it (said once)
-        return wrapped(*args, **kwargs)
-    writes = None
-    if watched is not None:
-        writes, function, inputs = watched
-    lifted = lift_closure_tensors(function, inputs)
-    if lifted is not None:
-        patch.repaired("tensors passed by keyword became checkpoint inputs")
-        function, inputs = lifted
-    if not reentrant:
-        return wrapped(function, *inputs, **kwargs)
-    outputs = FlatOutputs(function, writes, notice=_notice_unused_outputs)
-    result = wrapped(outputs, *inputs, **kwargs)
-    outputs.watch_unused(result)
-    result = outputs.rebuild(result)
-    if outputs.nested:
-        patch.repaired("tensors nested in a layer's output or stored into a shared mapping became checkpoint outputs")
-    return result
+    def notice_unused_outputs() -> None:
+        fix.repaired("a layer output the loss does not use gets no gradient, not zeros")
 
+    def wrapper(wrapped, instance, args, kwargs):
+        if not args:
+            return wrapped(*args, **kwargs)
+        function, inputs = args[0], args[1:]
+        reentrant = is_reentrant(wrapped, kwargs)  # non-reentrant connects nested outputs and stored tensors itself
+        writes = None
+        if not hides_nothing(function, inputs):
+            watched = SharedStateWrites.around(function, inputs, warn=fix.warn_once) if reentrant else None
+            if watched is UNSAFE:  # a mapping without a private copy: the call as upstream makes it (said once)
+                return wrapped(*args, **kwargs)
+            if watched is not None:
+                writes, function, inputs = watched
+            lifted = lift_closure_tensors(function, inputs)
+            if lifted is not None:
+                fix.repaired("tensors passed by keyword became checkpoint inputs")
+                function, inputs = lifted
+        if not reentrant:
+            return wrapped(function, *inputs, **kwargs)
+        outputs = FlatOutputs(function, writes, notice=notice_unused_outputs)
+        result = wrapped(outputs, *inputs, **kwargs)
+        outputs.watch_unused(result)
+        result = outputs.rebuild(result)
+        if outputs.nested:
+            fix.repaired("tensors nested in a layer's output or stored into a shared mapping became checkpoint outputs")
+        return result
 
-def _notice_unused_outputs() -> None:
-    patch.repaired("a layer output the loss does not use gets no gradient, not zeros")
+    return wrapper
 
 
 def calls_checkpoint_with_partial(layer_class: type) -> bool:
@@ -109,7 +114,7 @@ class TransformersCheckpointLayerIO(Patch):
 
     def __init__(self) -> None:
         super().__init__()
-        self.coverage = SlotCoverage(self, _checkpoint_with_lifted_inputs, SLOT_RANK)
+        self.coverage: Optional[SlotCoverage] = None  # built with the wrapper, at the first apply
 
     def drift(self, module: Any) -> Optional[str]:
         if module.__name__ != "transformers.modeling_layers":
@@ -122,13 +127,15 @@ class TransformersCheckpointLayerIO(Patch):
         return None
 
     def _apply(self, module: Any) -> None:
+        if self.coverage is None:
+            self.coverage = SlotCoverage(self, checkpoint_with_lifted_inputs(self), SLOT_RANK)
         if module.__name__ != "transformers.modeling_layers":
             self.coverage.hook(module)
             return
         from torch.compiler import is_compiling  # modeling_layers imported torch already
 
         layer = module.GradientCheckpointingLayer
-        self.replace(layer, ATTRIBUTE, CheckpointFunctionSlot(layer, _checkpoint_with_lifted_inputs, is_compiling,
+        self.replace(layer, ATTRIBUTE, CheckpointFunctionSlot(layer, self.coverage.wrapper, is_compiling,
                                                               rank=SLOT_RANK))
 
 

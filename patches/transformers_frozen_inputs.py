@@ -17,7 +17,7 @@ and for models set up before activation).  docs/fixes/transformers-frozen-inputs
 from __future__ import annotations
 
 import functools
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from hotfix.patches._checkpoint_slot import SlotCoverage, setter_drift
 from hotfix.patch import Mechanism, Patch
@@ -47,39 +47,49 @@ def _layer_of(function: Any) -> Any:
     return None
 
 
-def _checkpoint_with_anchor(wrapped, instance, args, kwargs):
-    """wrapt wrapper around a module's checkpoint function."""
-    if not args:
-        return wrapped(*args, **kwargs)
+def checkpoint_with_anchor(fix: Patch) -> Callable:
+    """The wrapt wrapper the slots put around a module's checkpoint function, reporting through ``fix``.
+
+    Built when the fix first applies (its target has imported torch by then); loading this
+    module imports no torch, and no checkpointed call pays for an import.
+    """
     import torch
 
     from hotfix.patches._checkpoint_inputs import find_grad_tensors, is_reentrant, layer_call
 
-    function, inputs = args[0], args[1:]
-    if not torch.is_grad_enabled() or not is_reentrant(wrapped, kwargs):
-        return wrapped(*args, **kwargs)
-    found: list = []
-    seen: set = set()
-    find_grad_tensors(inputs, found, seen)
-    call = layer_call(function)  # the partial itself, also when another fix wrapped it
-    if isinstance(call, functools.partial):
-        find_grad_tensors(call.args, found, seen)
-        find_grad_tensors(call.keywords, found, seen)
-    if found:  # the checkpoint node exists (or the keyword patch's case): leave it
-        return wrapped(*args, **kwargs)
-    layer = _layer_of(call)
-    if layer is None or not layer.training or not any(p.requires_grad for p in layer.parameters()):
-        return wrapped(*args, **kwargs)
+    tensor, is_grad_enabled = torch.Tensor, torch.is_grad_enabled
 
-    patch.repaired("a layer with trainable parameters and no input needing grad is recomputed")
-    device = next((t.device for t in inputs if isinstance(t, torch.Tensor)), None)
-    anchor = torch.empty(0, device=device, requires_grad=True)
-    n_inputs = len(inputs)
+    def wrapper(wrapped, instance, args, kwargs):
+        if not args or not is_grad_enabled() or not is_reentrant(wrapped, kwargs):
+            return wrapped(*args, **kwargs)
+        function, inputs = args[0], args[1:]
+        for item in inputs:  # the usual case, answered first: a positional input needs grad, the node exists
+            if isinstance(item, tensor) and item.requires_grad:
+                return wrapped(*args, **kwargs)
+        found: list = []
+        seen: set = set()
+        find_grad_tensors(inputs, found, seen)
+        call = layer_call(function)  # the partial itself, also when another fix wrapped it
+        if isinstance(call, functools.partial):
+            find_grad_tensors(call.args, found, seen)
+            find_grad_tensors(call.keywords, found, seen)
+        if found:  # the checkpoint node exists (or the keyword fix's case): leave it
+            return wrapped(*args, **kwargs)
+        layer = _layer_of(call)
+        if layer is None or not layer.training or not any(p.requires_grad for p in layer.parameters()):
+            return wrapped(*args, **kwargs)
 
-    def run_without_anchor(*all_inputs):
-        return function(*all_inputs[:n_inputs])
+        fix.repaired("a layer with trainable parameters and no input needing grad is recomputed")
+        device = next((t.device for t in inputs if isinstance(t, tensor)), None)
+        anchor = torch.empty(0, device=device, requires_grad=True)
+        n_inputs = len(inputs)
 
-    return wrapped(run_without_anchor, *inputs, anchor, **kwargs)
+        def run_without_anchor(*all_inputs):
+            return function(*all_inputs[:n_inputs])
+
+        return wrapped(run_without_anchor, *inputs, anchor, **kwargs)
+
+    return wrapper
 
 
 class TransformersFrozenInputs(Patch):
@@ -102,12 +112,14 @@ class TransformersFrozenInputs(Patch):
 
     def __init__(self) -> None:
         super().__init__()
-        self.coverage = SlotCoverage(self, _checkpoint_with_anchor, SLOT_RANK)
+        self.coverage: Optional[SlotCoverage] = None  # built with the wrapper, at the first apply
 
     def drift(self, module: Any) -> Optional[str]:
         return setter_drift(module)
 
     def _apply(self, module: Any) -> None:
+        if self.coverage is None:
+            self.coverage = SlotCoverage(self, checkpoint_with_anchor(self), SLOT_RANK)
         self.coverage.hook(module)
 
 

@@ -14,14 +14,14 @@ import torch
 import wrapt
 from torch.utils.checkpoint import checkpoint
 
-from hotfix.patches.transformers_checkpoint_layer_io import _checkpoint_with_lifted_inputs
+from hotfix.patches.transformers_checkpoint_layer_io import checkpoint_with_lifted_inputs, patch
 
 
 class CheckpointedLayers(torch.nn.Module):
     def __init__(self, fix: bool, reentrant: bool = True) -> None:
         super().__init__()
         raw = functools.partial(checkpoint, use_reentrant=reentrant)
-        self.checkpoint = wrapt.FunctionWrapper(raw, _checkpoint_with_lifted_inputs) if fix else raw
+        self.checkpoint = wrapt.FunctionWrapper(raw, checkpoint_with_lifted_inputs(patch)) if fix else raw
         self.checkpointing = False
 
     def call_layer(self, layer: torch.nn.Module, hidden: torch.Tensor, **keywords) -> torch.Tensor:

@@ -17,7 +17,8 @@ import types
 import pytest
 import torch
 
-from hotfix.patches._checkpoint_inputs import find_grad_tensors, lift_closure_tensors
+from hotfix.patches._checkpoint_inputs import find_grad_tensors, hides_nothing, lift_closure_tensors
+from hotfix.patches._checkpoint_shared_state import SharedStateWrites
 from hotfix.patches._checkpoint_slot import ATTRIBUTE, CheckpointFunctionSlot, SlotCoverage
 from hotfix.config import parse_disable, parse_log_level, parse_patch_list
 from hotfix.patch import Patch
@@ -85,6 +86,36 @@ def test_find_grad_tensors_collects_each_tensor_once():
     found = []
     find_grad_tensors({"x": (t, [t, torch.zeros(1)])}, found, set())
     assert found == [t]
+
+
+def test_hides_nothing_answers_the_common_call_and_never_skips_what_the_slow_path_would_do():
+    """The wrapper's fast path: a call whose partial binds only tensors not needing grad, None, scalars
+    (or plain tuples of them: Llama's position_embeddings) and whose inputs are tensors hides nothing.
+    Each way something can hide makes it look closer, and wherever it says "nothing", neither the
+    lift nor the shared-state watcher would have changed the call."""
+    hidden, needs = torch.randn(3, requires_grad=True), torch.randn(3, requires_grad=True)
+    cos, sin = torch.ones(3), torch.zeros(3)
+
+    def layer(h, *args, **kwargs):
+        return h
+
+    plain = [functools.partial(layer, position_embeddings=(cos, sin), attention_mask=None, use_cache=False,
+                               cache_position=torch.arange(3)), functools.partial(layer, cos), lambda h: h]
+    hiding = [functools.partial(layer, encoder_hidden_states=needs),
+              functools.partial(layer, pair=(cos, needs)),
+              functools.partial(layer, pair=[[needs]]),
+              functools.partial(layer, shared={}),
+              functools.partial(layer, shared=collections.UserDict()),
+              functools.partial(layer, cache=object()),
+              functools.partial(layer, Pair(cos, sin))]  # a named tuple: looked at closely
+    for function in plain:
+        assert hides_nothing(function, (hidden, None, 1)), function
+        assert lift_closure_tensors(function, (hidden,)) is None
+        assert SharedStateWrites.around(function, (hidden,)) is None
+    for function in hiding:
+        assert not hides_nothing(function, (hidden,)), function
+    assert not hides_nothing(plain[0], ([needs],))  # a container handed positionally
+    assert not hides_nothing(plain[0], ({"k": cos},))
 
 
 # --------------------------------------------------------------------------- the Patch contract
