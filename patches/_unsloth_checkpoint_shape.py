@@ -6,6 +6,7 @@ Kept beside the fixes that use it, so neither fix imports the other.
 from __future__ import annotations
 
 import inspect
+import types
 from typing import Any, Optional
 
 CLASS_NAME = "UnslothCheckpointFunction"
@@ -18,7 +19,9 @@ def checkpoint_function_drift(module: Any) -> Optional[str]:
     cls = getattr(module, CLASS_NAME, None)
     if not isinstance(cls, type) or not issubclass(cls, torch.autograd.Function):
         return f"{CLASS_NAME} is missing or not a torch.autograd.Function"
-    if not isinstance(inspect.getattr_static(cls, "apply", None), classmethod):
+    # torch <= 2.13: Function.apply is a Python classmethod; 2.14 leaves the C one
+    # (_FunctionBase.apply, a classmethod_descriptor) on Function.  wrapt wraps either.
+    if not isinstance(inspect.getattr_static(cls, "apply", None), (classmethod, types.ClassMethodDescriptorType)):
         return f"{CLASS_NAME}.apply is not a classmethod"
     forward = inspect.getattr_static(cls, "forward", None)
     if not isinstance(forward, staticmethod):
