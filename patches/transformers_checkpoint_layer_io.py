@@ -41,7 +41,7 @@ def checkpoint_with_lifted_inputs(fix: Patch) -> Callable:
     def notice_unused_outputs() -> None:
         fix.repaired("a layer output the loss does not use gets no gradient, not zeros")
 
-    def wrapper(wrapped, instance, args, kwargs):
+    def lift_layer_inputs(wrapped, instance, args, kwargs):  # named: a wrapper chain reads which fix is where
         if not args:
             return wrapped(*args, **kwargs)
         function, inputs = args[0], args[1:]
@@ -67,7 +67,7 @@ def checkpoint_with_lifted_inputs(fix: Patch) -> Callable:
             fix.repaired("tensors nested in a layer's output or stored into a shared mapping became checkpoint outputs")
         return result
 
-    return wrapper
+    return lift_layer_inputs
 
 
 def calls_checkpoint_with_partial(layer_class: type) -> bool:

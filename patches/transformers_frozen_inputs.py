@@ -59,7 +59,7 @@ def checkpoint_with_anchor(fix: Patch) -> Callable:
 
     tensor, is_grad_enabled = torch.Tensor, torch.is_grad_enabled
 
-    def wrapper(wrapped, instance, args, kwargs):
+    def anchor_frozen_layer(wrapped, instance, args, kwargs):  # named: a wrapper chain reads which fix is where
         if not args or not is_grad_enabled() or not is_reentrant(wrapped, kwargs):
             return wrapped(*args, **kwargs)
         function, inputs = args[0], args[1:]
@@ -89,7 +89,7 @@ def checkpoint_with_anchor(fix: Patch) -> Callable:
 
         return wrapped(run_without_anchor, *inputs, anchor, **kwargs)
 
-    return wrapper
+    return anchor_frozen_layer
 
 
 class TransformersFrozenInputs(Patch):

@@ -63,9 +63,16 @@ def test_activate_is_idempotent_and_revert_restores():
 
 
 # --------------------------------------------------------------------------- 7
-def test_version_gate_outside_affected_range():
-    """On transformers 4.52.4 (before the bug) ``hotfix status`` says the patch
-    is not needed, and nothing is installed on GradientCheckpointingLayer."""
+def test_version_gate_per_mechanism():
+    """On transformers 4.52.4 (GradientCheckpointingLayer is new; no layer uses it
+    yet) ``hotfix status --verbose`` decides each mechanism from its own range:
+    keyword tensors (from 4.52.0), nested and unused outputs apply, so the fix
+    is installed on GradientCheckpointingLayer; the shared mapping (from 4.53.0)
+    and the cache contents (from 4.56.0) are named but not marked ``[here]``.
+    (A whole fix outside its range, "not needed here ... outside the affected
+    range", is tested with unsloth-zoo 2026.10.9 in
+    tests/versions/test_unsloth_zoo_fixes.py: every transformers fix starts at
+    4.35, below the oldest release of tests/matrix.txt.)"""
     proc, seen = run_child(
         """
         import runpy
@@ -81,9 +88,15 @@ def test_version_gate_outside_affected_range():
         """.replace("ATTRIBUTE", repr(ATTRIBUTE)),
         pythonpath=[matrix_path("transformers", "4.52.4")],
     )
-    assert seen == {"code": 0, "version": "4.52.4", "descriptor": False}
-    assert "transformers-checkpoint-layer-io: not needed here" in proc.stdout
-    assert "outside the affected range" in proc.stdout
+    assert seen == {"code": 0, "version": "4.52.4", "descriptor": True}
+    out = proc.stdout
+    assert "transformers-checkpoint-layer-io: APPLIED to" in out
+    for here in ("keyword-tensors (transformers >=4.52.0)", "nested-outputs (transformers >=4.35.0)",
+                 "unused-outputs (transformers >=4.35.0)"):
+        assert f"[here] {here}" in out, out
+    for elsewhere in ("shared-mapping (transformers >=4.53.0)", "cache-contents (transformers >=4.56.0)"):
+        assert elsewhere in out and f"[here] {elsewhere}" not in out, out
+    assert "keyword-tensors: transformers 4.52.4 is in the affected range >=4.52.0" in out
 
 
 # --------------------------------------------------------------------------- 8
@@ -202,15 +215,15 @@ def test_status_for_a_whisper_user():
     applied and names the error message and model a user would search for."""
     proc = run_python(["-m", "hotfix", "status"], timeout=300)
     assert proc.returncode == 0, proc.stderr
-    assert "transformers-checkpoint-layer-io: APPLIED to transformers.modeling_layers  (from hotfix-checkpoint)" \
-        in proc.stdout
+    assert ("transformers-checkpoint-layer-io: APPLIED to transformers.modeling_utils, transformers.modeling_layers"
+            "  (from hotfix-checkpoint)") in proc.stdout
     assert "active" in proc.stdout.splitlines()[0]
     fixes = [line for line in proc.stdout.splitlines() if line.startswith("  ")]
     assert len(fixes) == 5, proc.stdout  # one line per fix by default
     verbose = run_python(["-m", "hotfix", "status", "--verbose"], timeout=300)
     assert verbose.returncode == 0, verbose.stderr
     assert CRASH in verbose.stdout and "Whisper" in verbose.stdout
-    assert "[here] keyword-tensors (transformers >=4.53.0)" in verbose.stdout, verbose.stdout
+    assert "[here] keyword-tensors (transformers >=4.52.0)" in verbose.stdout, verbose.stdout
 
 
 def test_import_hotfix_does_not_import_torch():
