@@ -55,10 +55,16 @@ def _parses(version: Optional[str]) -> bool:
 
 
 def _same(a: str, b: str) -> bool:
+    """One release: equal versions, or equal but for a build label only one side carries.
+
+    PyPI's Linux torch wheels record ``2.14.1`` in their metadata while ``torch.__version__``
+    says ``2.14.1+cu130``: the same code, not a disagreement worth a note.
+    """
     try:
-        return Version(a) == Version(b)
+        va, vb = Version(a), Version(b)
     except InvalidVersion:
         return a.strip() == b.strip()
+    return va == vb or (va.public == vb.public and (va.local is None or vb.local is None))
 
 
 @dataclass(frozen=True)

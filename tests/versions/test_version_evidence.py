@@ -33,6 +33,8 @@ SITE = Path(sysconfig.get_paths()["purelib"])
         (None, "4.56.2", "4.56.2", "no readable metadata version"),
         ("not-a-version", "4.56.2", "4.56.2", "metadata says 'not-a-version'"),
         ("5.0.0", "4.56.2", "4.56.2", "metadata says '5.0.0' but the imported module's __version__ is '4.56.2'"),
+        ("2.14.1", "2.14.1+cu130", "2.14.1+cu130", None),  # PyPI's torch: build label in __version__ only
+        ("2.14.1+cpu", "2.14.1+cu130", "2.14.1+cu130", "metadata says '2.14.1+cpu'"),  # two different builds
         ("not-a-version", None, None, "cannot be read"),
         ("weird", "odd", None, "using neither"),
         (None, None, None, "cannot be read"),
