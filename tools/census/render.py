@@ -101,7 +101,9 @@ def render(rows: List[Dict], doc: Path) -> None:
            "Each cell: upstream (hotfix off) → with hotfix, over the mechanism's cases (`tools/census/cells.py`) "
            "and both checkpoint functions (torch's reentrant checkpoint, unsloth-zoo's "
            "`UnslothCheckpointFunction` loaded on CPU). *broken*: a case crashed, lost or changed gradients "
-           "(against the same step without checkpointing), tripped the memory/time guard, or (late-offload) "
+           "(against the same step without checkpointing, float32; a case whose only differences are values within "
+           f"{cells.ROUNDING_SIZED:g} is measured again in float64 and counts as equal if it is equal there: "
+           "rounding), tripped the memory/time guard, or (late-offload) "
            "offloaded nothing in step 1; *fine*: every case equal; *n/a*: the release has no such model or "
            "code path; *error*: a case could not be built or run (measured again by the next run); "
            "**BROKEN** with hotfix is listed below with its mechanism.", ""]
@@ -128,8 +130,9 @@ def render(rows: List[Dict], doc: Path) -> None:
     if not broken_with_hotfix:
         out.append("None.")
     for r in sorted(broken_with_hotfix, key=lambda r: (r["torch"], r["dimension"], Version(r["release"]), r["case"])):
+        why = cells.BROKEN_WITH_HOTFIX.get((r["case"], r["release"]), "NOT EXPLAINED")
         out.append(f"- {r['dimension']} {r['release']} (torch {r['torch']}, {r['function']}): {r['case']} "
-                   f"[{r['mechanism']}]: {r['verdict']}: {r['detail']}")
+                   f"[{r['mechanism']}]: {r['verdict']}: {r['detail']}. Why: {why}")
     errors = [r for r in rows if r["verdict"] == "error"]
     if errors:
         out += ["", f"## Cells that could not be measured ({len(errors)})", ""]
