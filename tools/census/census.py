@@ -14,8 +14,9 @@ Dimensions (releases: tools/census/releases.py):
   model after ``--model-timeout``) run through torch's reentrant checkpoint and unsloth-zoo's
   ``UnslothCheckpointFunction`` (tools/sweep/sweep_models.py's UNSLOTH_ZOO, loaded on CPU), with hotfix
   off (HOTFIX_DISABLE=1) and on.  A float32 cell that differs only by rounding-sized values
-  (``cells.rounding_sized``) is measured again in float64; equal there, it is equal (the detail says so).  A model type the release does not have is "n/a: absent".  The lab
-  cells (``cells.LAB_CELLS``, tools/lab/grad_case.py) run in one child per half the same way.
+  (``cells.rounding_sized``) is measured again in float64; equal there, it is equal (the detail says
+  so).  A model type the release does not have is "n/a: absent".  The lab cells (``cells.LAB_CELLS``,
+  tools/lab/grad_case.py) run in one child per half the same way.
 * unsloth-zoo: every release from 2024.11.6 with the transformers line it was made for, through
   tools/lab/zoo_cases.py (upstream, then hotfix activated in the same process): closure tensors,
   a frozen first input, whether step 1 offloads.

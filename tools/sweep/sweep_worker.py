@@ -194,8 +194,8 @@ def check_one(model_type: str, class_name: str, config_name: Optional[str], memo
             out.update(result="no-checkpointing", detail=report.modes[0].error if report.modes else "")
         else:
             out["modes"] = {m.mode: {"status": m.status, "summary": m.summary(), "missing": len(m.missing),
-                                     "wrong": len(m.wrong), "unexpected": len(m.unexpected), "total": m.total, "saved_bytes": m.saved_bytes,
-                                     "max_error": m.max_error}
+                                     "wrong": len(m.wrong), "unexpected": len(m.unexpected), "total": m.total,
+                                     "saved_bytes": m.saved_bytes, "max_error": m.max_error}
                             for m in report.modes}
             out["result"] = "pass" if report.safe else "FAIL"
         rows.append(out)
