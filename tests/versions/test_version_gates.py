@@ -1,6 +1,6 @@
 """The ranges each fix declares equal the census's evidence (issue 26), from the committed rows.
 
-docs/census/ holds the rows of tools/census/census.py (every transformers minor line 4.46 - 5.23 and
+docs/census/ holds the rows of tools/census/census.py (every transformers minor line 4.35 - 5.23 and
 every unsloth-zoo release since 2024.11.6, without and with hotfix); nothing is re-run here.
 tools/census/gates.py says what "equal to the evidence" means; this test fails on any disagreement,
 and when a release the census should cover has no rows.

@@ -8,8 +8,9 @@
                                                               # the same cells under another torch
 
 Dimensions (releases: tools/census/releases.py):
-* transformers: the last patch of every minor line 4.46 - 5.23 and the first release of each line
-  where a declared range starts.  Each mechanism's cells (``CELLS``: a model type and a recipe of the
+* transformers: the last patch of every minor line 4.35 - 5.23 and the first release of each line
+  where a declared range starts (below 4.43 the LoRA cells run an older PEFT:
+  tools/sweep/sweep_models.py's ``OLDER_PEFT``).  Each mechanism's cells (``CELLS``: a model type and a recipe of the
   sweep, built and checked by tools/sweep/'s worker, memory/time guard per step, a worker killed per
   model after ``--model-timeout``) run through torch's reentrant checkpoint and unsloth-zoo's
   ``UnslothCheckpointFunction`` (tools/sweep/sweep_models.py's UNSLOTH_ZOO, loaded on CPU), with hotfix
@@ -78,7 +79,7 @@ def _pip_install(name: str, version: str, folder: Path) -> None:
 
         shutil.rmtree(folder)  # a half-finished install
     spec = f"{name.replace('-', '_') if name == 'unsloth-zoo' else name}=={version}"
-    extra = ["--no-deps"] if name == "unsloth-zoo" else []
+    extra = ["--no-deps"] if name in ("unsloth-zoo", "peft") else []  # their needs are the test venv's
     print(f"census: installing {spec}", flush=True)
     proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", *extra,
                            "--target", str(folder), spec], capture_output=True, text=True)
@@ -98,6 +99,8 @@ def run_transformers(version: str, hotfix: bool, function: str, done: set, sink,
     import sweep_models
 
     install("transformers", version)
+    if sweep_models.older_peft(version):
+        install("peft", sweep_models.older_peft(version))
     for recipe, models in cells.by_recipe(args.cells).items():
         todo = [m for m in models if (m, recipe) not in done]
         if not todo:

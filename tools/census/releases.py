@@ -1,6 +1,6 @@
 """Which releases the census measures, from PyPI's upload dates (cached in pypi-releases.json; no network in CI).
 
-* transformers: the last patch release of every minor line from 4.46 to 5.23, plus the first
+* transformers: the last patch release of every minor line from 4.35 to 5.23, plus the first
   release of each line where a declared range starts or ends inside that span (the bounds and
   ``fixed_in`` of the built-in fixes' ``mechanisms``, read from the installed hotfix) and 5.0.0
   (where 5.x changed ``enable_input_require_grads`` and the default ``use_reentrant``);
@@ -24,7 +24,7 @@ from packaging.version import Version
 
 HERE = Path(__file__).resolve().parent
 CACHE = HERE / "pypi-releases.json"
-FIRST_LINE, LAST_LINE = (4, 46), (5, 23)
+FIRST_LINE, LAST_LINE = (4, 35), (5, 23)
 FIRST_ZOO = "2024.11.6"
 #: first releases measured besides the declared boundaries (see the module docstring)
 EXTRA_FIRSTS = ("5.0.0",)

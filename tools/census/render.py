@@ -73,9 +73,10 @@ def _gates(rows: List[Dict]) -> List[str]:
            "Each fix applies where one of its mechanisms' declared ranges holds the installed version "
            "(`hotfix status --verbose`). *measured broken upstream*: the releases of this page where the "
            "mechanism's cases fail without hotfix (every torch measured). `tests/versions/test_version_gates.py` "
-           "fails when a range and these rows disagree (`tools/census/gates.py`). Below transformers 4.46 "
-           "nothing is measured: the 4.35.0 bounds are where `_set_gradient_checkpointing(enable, "
-           "gradient_checkpointing_func)`, the call every transformers fix hooks, first appeared.", "",
+           "fails when a range and these rows disagree (`tools/census/gates.py`). The 4.35.0 bounds are where "
+           "`_set_gradient_checkpointing(enable, gradient_checkpointing_func)`, the call every transformers fix "
+           "hooks, first appeared; below it transformers calls torch's checkpoint from each model's own code, "
+           "which hotfix does not reach, and nothing is measured.", "",
            "| mechanism | fix | declared range | fixed in | measured broken upstream |", "|---|---|---|---|---|"]
     broken: Dict[str, List[str]] = {}
     for (dimension, _torch, name, release), states in sorted(gates.verdicts(rows).items()):

@@ -70,12 +70,24 @@ FAST_VERSIONS = ["4.56.2"]
 FAST_MODELS = ["bert", "layoutlm", "deberta-v2", "whisper"]
 #: the unsloth-zoo release whose UnslothCheckpointFunction the ``unsloth`` function runs (latest in tests/matrix.txt)
 UNSLOTH_ZOO = "2026.10.9"
+#: (first transformers release the test venv's PEFT imports with, the PEFT the LoRA recipes run below it):
+#: PEFT >= 0.14 imports transformers' EncoderDecoderCache (4.43+); 0.12.0 is the newest that imports with
+#: every release from 4.35.0 (0.13 needs huggingface_hub.errors, newer than 4.35.0's tokenizers allow).
+#: Installed into .matrix/peft-<v> by the census (tools/census/census.py), the only tool that goes below 4.43.
+OLDER_PEFT = ("4.43.0", "0.12.0")
+
+
+def older_peft(version: str) -> Optional[str]:
+    """The PEFT release the LoRA recipes need on transformers ``version``, or None for the test venv's own."""
+    return OLDER_PEFT[1] if Version(version) < Version(OLDER_PEFT[0]) else None
 
 
 def release_pythonpath(version: str, function: str = "torch") -> List[Path]:
-    """PYTHONPATH of a sweep child: the transformers release, the sweep-only extras (pillow, scipy), and for
-    the ``unsloth`` function the unsloth-zoo release."""
+    """PYTHONPATH of a sweep child: the transformers release, the sweep-only extras (pillow, scipy), for
+    the ``unsloth`` function the unsloth-zoo release, and below 4.43 an older PEFT (``OLDER_PEFT``)."""
     paths = [MATRIX / f"transformers-{version}"] + ([MATRIX / f"unsloth-zoo-{UNSLOTH_ZOO}"] if function == "unsloth" else [])
+    if older_peft(version):
+        paths.append(MATRIX / f"peft-{older_peft(version)}")
     for path in paths:
         if not (path / ".complete").exists():
             raise SystemExit(f"{path} is not installed; run scripts/test.sh first")
