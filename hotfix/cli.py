@@ -43,7 +43,8 @@ def _state(patch, opted_out: bool, problems: dict) -> str:
     if patch.applied:
         return "APPLIED to " + ", ".join(patch.applied_targets)
     if not patch.check().applies:
-        return "not needed here"
+        uncovered = patch.uncovered_here()  # older than the fix reaches: the bug may be here, unrepaired
+        return f"NOT COVERED here: {uncovered}" if uncovered else "not needed here"
     if patch.last_error:
         return patch.last_error
     failed = [problems[t] for t in patch.targets if t in problems]
@@ -88,8 +89,11 @@ def _describe(patch, write) -> None:
     here = {m.name for m in patch.mechanisms_here()}
     for mechanism in patch.mechanisms:
         ranges = ", ".join(f"{dist} {spec}" for dist, spec in mechanism.affected.items())
+        ranges += "".join(f"; not reached: {dist} {spec}" for dist, spec in mechanism.unreached.items())
         write(f"    {'[here] ' if mechanism.name in here else '       '}{mechanism.name} ({ranges}): {mechanism.summary}")
     write(f"    here:     {'applies' if verdict.applies else 'does not apply'}: {verdict.reason}")
+    if patch.uncovered_here():
+        write(f"    NOT COVERED: {patch.uncovered_here()}")
     write(f"    upstream: {patch.upstream}; fixed in: {patch.fixed_in or 'no release yet'}")
 
 

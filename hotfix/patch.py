@@ -42,13 +42,18 @@ class Mechanism:
 
     ``affected`` maps each distribution to a PEP 440 specifier set (every entry
     must match); ``fixed_in`` is the first release without it (None: none yet).
-    The census (tools/census/) measures every release line against these.
+    ``unreached`` (same form) names releases that have, or may have, the
+    mechanism but that the fix does not act on (older than the code it hooks, or
+    than the releases hotfix supports): ``hotfix status`` says "NOT COVERED"
+    there, never "not needed".  The census (tools/census/) measures every release
+    line against these.
     """
 
     name: str
     affected: Mapping[str, str] = field(default_factory=dict)
     fixed_in: Optional[str] = None
     summary: str = ""
+    unreached: Mapping[str, str] = field(default_factory=dict)
 
 
 def check_range(affected: Mapping[str, str]) -> Verdict:
@@ -202,6 +207,23 @@ class Patch:
     def mechanisms_here(self) -> Tuple[Mechanism, ...]:
         """The declared mechanisms whose affected range holds the installed versions."""
         return tuple(m for m in self.mechanisms if check_range(m.affected).applies)
+
+    def uncovered_here(self) -> Optional[str]:
+        """Why this fix does not act here although the installed versions may have what it repairs, or None.
+
+        Only where the fix does not apply at all (``Mechanism.unreached`` holds the installed
+        versions for some mechanism): where it applies, the mechanisms it repairs are the news.
+        """
+        if self.check().applies:
+            return None
+        groups: Dict[str, List[str]] = {}  # the versions and the reach, said once -> mechanism names
+        for mechanism in self.mechanisms:
+            if mechanism.unreached and check_range(mechanism.unreached).applies:
+                found = ", ".join(f"{dist} {reader.evidence(dist).version}" for dist in mechanism.unreached)
+                reached = ", ".join(f"{dist} {spec}" for dist, spec in mechanism.affected.items())
+                groups.setdefault(f"{found} is older than this fix reaches ({reached})", []).append(mechanism.name)
+        return "; ".join(f"{where}: {', '.join(names)} may be broken here, unrepaired"
+                         for where, names in groups.items()) or None
 
     @property
     def distributions(self) -> Tuple[str, ...]:

@@ -91,17 +91,19 @@ class TransformersCheckpointLayerIO(Patch):
     # modeling_layers (4.52+): GradientCheckpointingLayer, which binds keywords in a partial.
     targets = ("transformers.modeling_utils", "transformers.modeling_layers")
     # Ranges equal to the census's evidence (docs/versions.md, tests/versions/test_version_gates.py).
+    # Below 4.35.0 each model calls torch's checkpoint from its own code (no gradient_checkpointing_func
+    # to hook): LiLT's nested and unused outputs are older than that, and out of this fix's reach.
     mechanisms = (
         Mechanism("keyword-tensors", {"transformers": ">=4.52.0"},
                   summary="a tensor needing grad passed by keyword (Whisper encoder_hidden_states=, DeBERTa-v2, WavLM, "
                           "LayoutLM, a third-party GradientCheckpointingLayer)"),
-        Mechanism("nested-outputs", {"transformers": ">=4.35.0"},
+        Mechanism("nested-outputs", {"transformers": ">=4.35.0"}, unreached={"transformers": "<4.35.0"},
                   summary="a layer output that nests its tensors (pvt_v2's ((hidden,), h, w), LiLT before 4.53)"),
         Mechanism("shared-mapping", {"transformers": ">=4.53.0"},
                   summary="tensors a layer stores into a mapping shared across layers (Gemma-3n/4 KV sharing)"),
         Mechanism("cache-contents", {"transformers": ">=4.56.0"},
                   summary="keys/values a layer reads from a Cache it is handed (DiffusionGemma's decoder)"),
-        Mechanism("unused-outputs", {"transformers": ">=4.35.0"},
+        Mechanism("unused-outputs", {"transformers": ">=4.35.0"}, unreached={"transformers": "<4.35.0"},
                   summary="a layer output the loss never uses gets zeros instead of no gradient (LiLT)"),
     )
     symptom = (

@@ -96,9 +96,10 @@ class TransformersFrozenInputs(Patch):
     name = "transformers-frozen-inputs"
     targets = ("transformers.modeling_utils",)
     # Ranges equal to the census's evidence (docs/versions.md); 4.35.0 introduced
-    # _set_gradient_checkpointing(enable, gradient_checkpointing_func), below the census.
+    # _set_gradient_checkpointing(enable, gradient_checkpointing_func), the hook: older lines checkpoint
+    # reentrantly from each model's own code, with the same defect, out of this fix's reach.
     mechanisms = (
-        Mechanism("frozen-layer-inputs", {"transformers": ">=4.35.0"},
+        Mechanism("frozen-layer-inputs", {"transformers": ">=4.35.0"}, unreached={"transformers": "<4.35.0"},
                   summary="a reentrant checkpointed layer with trainable parameters and no input needing grad "
                           "(Whisper + LoRA: encoder adapters without gradient)"),
     )

@@ -86,12 +86,13 @@ class TransformersInputGradsLeaf(Patch):
     name = "transformers-input-grads-leaf"
     targets = ("transformers.modeling_utils",)
     # The hook is older than the releases hotfix supports (4.35.0 is the floor of
-    # the other transformers fixes).  No upper bound: 5.23.0 still has the hook,
-    # and from 5.0 checkpointing itself calls it (census: docs/versions.md).
+    # the other transformers fixes; 4.34.1 crashes the same way, measured 2026-11-25).
+    # No upper bound: 5.23.0 still has the hook, and from 5.0 checkpointing itself
+    # calls it (census: docs/versions.md).
     mechanisms = (
-        Mechanism("in-place-on-leaf", {"transformers": ">=4.35.0"},
+        Mechanism("in-place-on-leaf", {"transformers": ">=4.35.0"}, unreached={"transformers": "<4.35.0"},
                   summary="the hooked embeddings' output is a leaf the model changes in place (GIT, BLIP, BLT, CSM)"),
-        Mechanism("tuple-embeddings", {"transformers": ">=4.35.0"},
+        Mechanism("tuple-embeddings", {"transformers": ">=4.35.0"}, unreached={"transformers": "<4.35.0"},
                   summary="embeddings that return a tuple make the hook raise (Swin family, Hiera, Data2Vec-vision)"),
     )
     symptom = (

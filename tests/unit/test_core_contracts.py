@@ -176,6 +176,36 @@ def test_drift_skips_with_one_line(target, caplog):
         "hotfix: patch unit-fix skipped: unit_target doesn't match: Owner is gone"]
 
 
+def test_a_release_older_than_the_fix_reaches_is_not_covered_never_not_needed():
+    """Outside every mechanism's range, a fix whose mechanism declares the installed release ``unreached``
+    says NOT COVERED in ``hotfix status`` (the bug may be there, unrepaired); one without says not needed;
+    inside a range nothing is uncovered.  (wrapt stands for the target: installed everywhere hotfix is.)"""
+    from hotfix.cli import _state
+    from hotfix.patch import Mechanism
+    from hotfix.versions import reader
+
+    wrapt_version = reader.evidence("wrapt").version
+
+    class Older(Patch):
+        name = "unit-older"
+        mechanisms = (Mechanism("m-old", {"wrapt": ">=999"}, unreached={"wrapt": "<999"}),
+                      Mechanism("m-new", {"wrapt": ">=1000"}))
+
+    class Inside(Patch):
+        name = "unit-inside"
+        mechanisms = (Mechanism("m-here", {"wrapt": ">=1"}), Mechanism("m-old", {"wrapt": ">=999"},
+                                                                     unreached={"wrapt": "<999"}))
+
+    older = Older()
+    assert older.uncovered_here() == (f"wrapt {wrapt_version} is older than this fix reaches (wrapt >=999): "
+                                      "m-old may be broken here, unrepaired")
+    assert _state(older, False, {}) == "NOT COVERED here: " + older.uncovered_here()
+    assert Older.mechanisms[1].unreached == {}  # the default: below the range means not needed
+    older.mechanisms = Older.mechanisms[1:]
+    assert older.uncovered_here() is None and _state(older, False, {}) == "not needed here"
+    assert Inside().check().applies and Inside().uncovered_here() is None
+
+
 # --------------------------------------------------------------------------- config
 @pytest.mark.parametrize("raw, disabled", [(None, False), ("", False), (" on ", True), ("OFF", False), ("maybe", True)])
 def test_parse_disable(raw, disabled):

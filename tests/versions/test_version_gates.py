@@ -79,3 +79,25 @@ def test_the_gate_rules_catch_a_range_that_disagrees():
     assert any("4.49.0" in p and "outside the declared range" in p for p in found), found
     assert any("4.55.0" in p and "not fine with hotfix" in p for p in found), found
     assert any("fixed upstream from transformers 4.55.0" in p for p in found), found
+
+
+def test_a_broken_release_the_fix_declares_unreached_is_not_a_disagreement():
+    """A release below the range that has the bug is fine for the gate when the mechanism declares it
+    ``unreached`` (hotfix status then says NOT COVERED there), and a disagreement when it does not."""
+    from hotfix.patch import Mechanism
+
+    def row(release, hotfix, verdict):
+        return {"dimension": "transformers", "torch": "2.13.0", "mechanism": "m", "release": release,
+                "hotfix": hotfix, "verdict": verdict}
+
+    rows = [row("4.34.1", False, "crash"), row("4.34.1", True, "crash"),
+            row("4.35.0", False, "wrong"), row("4.35.0", True, "equal")]
+
+    class Declared:
+        mechanisms = (Mechanism("m", {"transformers": ">=4.35.0"}, unreached={"transformers": "<4.35.0"}),)
+
+    class Silent:
+        mechanisms = (Mechanism("m", {"transformers": ">=4.35.0"}),)
+
+    assert gates.problems(rows, [Declared()]) == []
+    assert any("4.34.1" in p and "outside the declared range" in p for p in gates.problems(rows, [Silent()]))

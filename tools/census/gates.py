@@ -4,8 +4,9 @@ Per (dimension, torch, mechanism, release) the census gives an upstream state an
 (render.state: broken / fine / n/a / error over the mechanism's cells and both checkpoint functions).
 A declared range is equal to the evidence when:
 
-* every release measured broken upstream is inside the range, unless ``OUTSIDE_REACH`` names it
-  (a release where the mechanism's code path is not the one the fix patches, with the reason);
+* every release measured broken upstream is inside the range, unless the mechanism declares it
+  ``unreached`` (``hotfix.patch.Mechanism``: it has the bug, the fix does not act there, and
+  ``hotfix status`` says "NOT COVERED");
 * every release measured fine upstream is outside the range, or measured fine with hotfix too (the
   fix is a proven no-op there);
 * where every measured release from some release on is fine after one broken before it (upstream
@@ -24,10 +25,6 @@ from packaging.version import Version
 from render import state
 
 DISTRIBUTION = {"transformers": "transformers", "unsloth-zoo": "unsloth-zoo"}
-
-#: (dimension, mechanism) -> (specifier of releases, why a broken upstream there is not hotfix's to fix)
-OUTSIDE_REACH: Dict[Tuple[str, str], Tuple[str, str]] = {}
-
 
 def verdicts(rows: Iterable[Dict]) -> Dict[Tuple[str, str, str, str], Dict[str, str]]:
     """(dimension, torch, mechanism, release) -> {"upstream": state, "hotfix": state}."""
@@ -55,9 +52,9 @@ def _inside(mechanism, dimension: str, release: str) -> bool:
     return spec is not None and SpecifierSet(spec).contains(Version(release), prereleases=True)
 
 
-def _outside_reach(dimension: str, mechanism: str, release: str) -> bool:
-    found = OUTSIDE_REACH.get((dimension, mechanism))
-    return found is not None and SpecifierSet(found[0]).contains(Version(release), prereleases=True)
+def _unreached(mechanism, dimension: str, release: str) -> bool:
+    spec = mechanism.unreached.get(DISTRIBUTION[dimension])
+    return spec is not None and SpecifierSet(spec).contains(Version(release), prereleases=True)
 
 
 def problems(rows: Iterable[Dict], patches) -> List[str]:
@@ -75,7 +72,7 @@ def problems(rows: Iterable[Dict], patches) -> List[str]:
         inside = _inside(mechanism, dimension, release)
         upstream, fixed = states["upstream"], states["hotfix"]
         series.setdefault((dimension, torch, name), []).append((Version(release), release, upstream))
-        if upstream == "broken" and not inside and not _outside_reach(dimension, name, release):
+        if upstream == "broken" and not inside and not _unreached(mechanism, dimension, release):
             out.append(f"{name}: {dimension} {release} (torch {torch}) is broken upstream but outside the declared "
                        f"range {mechanism.affected[DISTRIBUTION[dimension]]}")
         if upstream == "fine" and inside and fixed != "fine":

@@ -76,7 +76,9 @@ def _gates(rows: List[Dict]) -> List[str]:
            "fails when a range and these rows disagree (`tools/census/gates.py`). The 4.35.0 bounds are where "
            "`_set_gradient_checkpointing(enable, gradient_checkpointing_func)`, the call every transformers fix "
            "hooks, first appeared; below it transformers calls torch's checkpoint from each model's own code, "
-           "which hotfix does not reach, and nothing is measured.", "",
+           "which hotfix does not reach (*not reached*: `hotfix status` says NOT COVERED there; 4.34.1 crashes "
+           "in `enable_input_require_grads` on GIT and Swin as 4.35 does), and nothing else is measured: the "
+           "census's checker asks for `gradient_checkpointing_kwargs`, which 4.34 does not take.", "",
            "| mechanism | fix | declared range | fixed in | measured broken upstream |", "|---|---|---|---|---|"]
     broken: Dict[str, List[str]] = {}
     for (dimension, _torch, name, release), states in sorted(gates.verdicts(rows).items()):
@@ -85,6 +87,7 @@ def _gates(rows: List[Dict]) -> List[str]:
     for fix in gates.builtin_fixes():
         for mechanism in fix.mechanisms:
             ranges = "; ".join(f"{dist} {spec}" for dist, spec in mechanism.affected.items())
+            ranges += "".join(f" (not reached: {dist} {spec})" for dist, spec in mechanism.unreached.items())
             found = sorted(broken.get(mechanism.name, []), key=Version)
             span = (f"{found[0]} – {found[-1]} ({len(found)} releases)" if len(found) > 1 else
                     (found[0] if found else "none"))
