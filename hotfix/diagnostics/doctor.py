@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import sys
 import tempfile
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 from hotfix.diagnostics.children import child_env, json_lines, last_line, run_python
 from hotfix.notice import REPAIR_NOTICE
@@ -84,6 +84,14 @@ def _describe(result: Dict) -> str:
     return f"{label} loss {result['loss']:.4f}; {result['summary']}"
 
 
+def _uncovered_fixes() -> List[Tuple[str, str]]:
+    """(fix, why) for each transformers fix that does not reach the installed release (``Patch.uncovered_here``)."""
+    from hotfix.registry import registry
+
+    return [(patch.name, patch.uncovered_here()) for patch in registry.patches().values()
+            if "transformers" in patch.distributions and patch.uncovered_here()]
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--child"]:
@@ -92,6 +100,13 @@ def main(argv=None) -> int:
         import transformers  # noqa: F401  (only: can the children run at all?)
     except Exception as exc:
         print(f"hotfix doctor: transformers cannot be imported here ({exc!r}); nothing to check.")
+        return 2
+    uncovered = _uncovered_fixes()
+    if uncovered:  # e.g. transformers 4.34: no checkpoint function for the fixes to act on, or the check to see
+        print("hotfix doctor: nothing to compare here; hotfix's fixes do not reach this release:")
+        for name, why in uncovered:
+            print(f"  {name}: NOT COVERED: {why}")
+        print("Install a release the fixes reach (`hotfix status --verbose` lists the ranges).")
         return 2
     print("hotfix doctor: tiny random-weight Whisper (2+2 layers, d_model 16) on CPU, one training step,")
     print("gradients compared with the same step without checkpointing.\n")

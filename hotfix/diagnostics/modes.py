@@ -53,6 +53,17 @@ def layer_function(model) -> Optional[str]:
     return None
 
 
+def _takes_checkpointing_kwargs(enable: Any) -> bool:
+    """Does ``gradient_checkpointing_enable`` take ``gradient_checkpointing_kwargs`` (transformers 4.35+)?"""
+    import inspect
+
+    try:
+        parameters = inspect.signature(enable).parameters.values()
+    except (TypeError, ValueError):  # no signature to read: let the call decide
+        return True
+    return any(p.name == "gradient_checkpointing_kwargs" or p.kind is p.VAR_KEYWORD for p in parameters)
+
+
 def mode_name(mode: Any) -> str:
     """A mode is one of MODES, or ``(name, enable_function)`` for another way to switch it on."""
     return mode if isinstance(mode, str) else mode[0]
@@ -77,6 +88,10 @@ def enable(model, mode: Any) -> str:
         raise NotImplementedError(f"{type(model).__name__} has no gradient_checkpointing_enable()")
     if getattr(model, "supports_gradient_checkpointing", True) is False:
         raise NotImplementedError(f"{type(model).__name__}.supports_gradient_checkpointing is False")
+    if mode in ("reentrant", "non-reentrant") and not _takes_checkpointing_kwargs(enable):
+        raise NotImplementedError(f"{type(model).__name__}.gradient_checkpointing_enable() takes no "
+                                  "gradient_checkpointing_kwargs (transformers before 4.35): use_reentrant "
+                                  "cannot be chosen")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         if mode == "reentrant":
@@ -89,7 +104,10 @@ def enable(model, mode: Any) -> str:
             raise ValueError(f"unknown checkpointing mode {mode!r}; known: {', '.join(MODES)}")
     held = layer_function(model)
     if held is None:
-        raise NotImplementedError("gradient_checkpointing_enable() set no checkpoint function on any layer")
+        raise NotImplementedError("gradient_checkpointing_enable() set no checkpoint function on any layer"
+                                  + ("; its layers call torch's checkpoint from their own code (transformers "
+                                     "before 4.35), which this check cannot see" if mode == "default"
+                                     and not _takes_checkpointing_kwargs(enable) else ""))
     return held if mode != "default" else f"{held}; installed: {installed_checkpoint()}"
 
 

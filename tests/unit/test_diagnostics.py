@@ -162,6 +162,54 @@ def test_a_model_that_declares_no_checkpointing_is_refused():
         modes.enable(torch.nn.Linear(2, 2), "reentrant")
 
 
+class _OldModel(torch.nn.Module):
+    """transformers before 4.35: gradient_checkpointing_enable() takes no kwargs, and the model calls torch's
+    checkpoint from its own forward (no _gradient_checkpointing_func on any layer)."""
+
+    supports_gradient_checkpointing = True
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(3, 3)
+        self.gradient_checkpointing = False
+
+    def gradient_checkpointing_enable(self):
+        self.gradient_checkpointing = True
+
+    def forward(self, x):
+        return torch.utils.checkpoint.checkpoint(self.linear, x, use_reentrant=True) if self.gradient_checkpointing \
+            else self.linear(x)
+
+
+def test_a_release_whose_enable_takes_no_kwargs_is_could_not_check_never_a_traceback():
+    """check-model on transformers 4.34 raised TypeError (unexpected gradient_checkpointing_kwargs) out of
+    check_model: a traceback.  Each mode is now not-supported, with the reason; the verdict: could not check."""
+    from hotfix.diagnostics.checker import check_model
+
+    report = check_model(_OldModel(), {"x": torch.randn(2, 3)})
+    found = {m.mode: (m.status, m.error) for m in report.modes}
+    assert {status for status, _ in found.values()} == {"not-supported"}, found
+    assert "takes no gradient_checkpointing_kwargs" in found["reentrant"][1]
+    assert "own code" in found["default"][1]
+    assert not report.safe and not report.supported
+
+
+def test_doctor_on_a_release_no_fix_reaches_says_not_covered_and_runs_nothing(monkeypatch, capsys):
+    from hotfix.diagnostics import doctor
+    from hotfix.patch import Mechanism, Patch
+    from hotfix.registry import registry
+
+    class Older(Patch):
+        name = "unit-older"
+        mechanisms = (Mechanism("m-old", {"transformers": ">=999"}, unreached={"transformers": "<999"}),)
+
+    monkeypatch.setattr(registry, "patches", lambda: {"unit-older": Older()})
+    monkeypatch.setattr(doctor, "_run_child", lambda disabled: pytest.fail("doctor ran a case"))
+    assert doctor.main([]) == 2
+    out = capsys.readouterr().out
+    assert "unit-older: NOT COVERED: transformers " in out and "is older than this fix reaches" in out, out
+
+
 # --------------------------------------------------------------------------- results, guard, memory
 def test_mode_result_reads_its_counts_through_the_grad_report():
     result = ModeResult(mode="reentrant", status="equal")
