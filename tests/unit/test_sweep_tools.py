@@ -132,10 +132,27 @@ def test_a_line_heading_says_when_its_rows_ran_not_when_the_page_was_rendered(tm
         row.update({"date": "2026-11-2%d" % (i % 2), "torch": "2.13.0+cpu"} if row["model_type"] == "llama"
                    else {"restored": "docs/sweep.md"})
     doc = tmp_path / "sweep.md"
-    render(results, doc, ["5.23.0"], "9.9.9")
+    render(results, doc, ["5.23.0"], "2.13.0+cpu")  # restored rows record no torch: the renderer's is theirs
     heading = next(line for line in doc.read_text().splitlines() if line.startswith("## transformers 5.23.0"))
     assert heading.startswith("## transformers 5.23.0 — run 2026-11-20 to 2026-11-21; 8 of 16 rows restored from an "
                               "earlier page (their run dates not recorded); torch 2.13.0+cpu, CPU — "), heading
+    assert not any("run under torch" in line for line in doc.read_text().splitlines() if line.startswith("| "))
+
+
+def test_a_type_run_under_another_torch_than_its_line_says_so(tmp_path):
+    """Gemma-3n runs under torch 2.14.1 (timm needs a torchvision PyPI has for it only), the rest of the line
+    under 2.13.0: the heading names both, and that type's row says which it ran under."""
+    results = [{"model_type": "__census__", "transformers": "5.23.0", "checkpointable": ["llama", "bert", "gemma3n"]}]
+    for model_type, torch_version in (("llama", "2.13.0+cpu"), ("bert", "2.13.0+cpu"), ("gemma3n", "2.14.1+cu130")):
+        _rows("torch", results, model_type=model_type)
+        for row in results[-8:]:
+            row["torch"] = torch_version
+    doc = tmp_path / "sweep.md"
+    render(results, doc, ["5.23.0"], "2.13.0+cpu")
+    lines = doc.read_text().splitlines()
+    assert "; torch 2.13.0+cpu, 2.14.1+cu130, CPU — " in next(line for line in lines if line.startswith("## transformers"))
+    assert next(line for line in lines if line.startswith("| gemma3n ")).endswith("| run under torch 2.14.1+cu130 |")
+    assert not any("run under" in line for line in lines if line.startswith(("| llama ", "| bert ")))
 
 
 def test_variants_are_extra_rows_of_their_type_never_types_of_the_census():

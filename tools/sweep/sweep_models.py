@@ -33,6 +33,15 @@ hotfix on/off) workers at once.
 
 Results go to ``--results`` (JSON lines; an interrupted sweep resumes where it
 stopped) and the table to ``--doc`` (docs/sweep.md).
+
+The timm-tower types (Gemma-3n, FastVLM, PerceptionLM) need timm, which needs torchvision, which
+PyPI has for torch 2.14.1 (a CUDA build; it runs on the CPU) and not for 2.13.0.  They are swept
+from a venv with that torch (the census's .venv-torch214, tools/census/census.py) and timm beside
+it, each row recording its torch:
+
+    .venv-torch214/bin/pip install --no-deps --target .matrix/timm-torch2.14.1 torchvision==0.29.1 timm==1.0.31
+    touch .matrix/timm-torch2.14.1/.complete
+    .venv-torch214/bin/python tools/sweep/sweep_models.py --models gemma3n,fast_vlm,perception_lm --jobs 2
 """
 
 from __future__ import annotations
@@ -83,7 +92,8 @@ def older_peft(version: str) -> Optional[str]:
 
 
 def release_pythonpath(version: str, function: str = "torch") -> List[Path]:
-    """PYTHONPATH of a sweep child: the transformers release, the sweep-only extras (pillow, scipy), for
+    """PYTHONPATH of a sweep child: the transformers release, the sweep-only extras (pillow, scipy, and where
+    it was installed for this interpreter's torch, timm with its torchvision: .matrix/timm-torch<release>), for
     the ``unsloth`` function the unsloth-zoo release, and below 4.43 an older PEFT (``OLDER_PEFT``)."""
     paths = [MATRIX / f"transformers-{version}"] + ([MATRIX / f"unsloth-zoo-{UNSLOTH_ZOO}"] if function == "unsloth" else [])
     if older_peft(version):
@@ -91,8 +101,16 @@ def release_pythonpath(version: str, function: str = "torch") -> List[Path]:
     for path in paths:
         if not (path / ".complete").exists():
             raise SystemExit(f"{path} is not installed; run scripts/test.sh first")
-    extras = sorted(p for pattern in ("pillow-*", "scipy-*") for p in MATRIX.glob(pattern) if (p / ".complete").exists())
+    extras = sorted(p for pattern in ("pillow-*", "scipy-*", f"timm-torch{_torch_release()}")
+                    for p in MATRIX.glob(pattern) if (p / ".complete").exists())
     return [*paths, *extras]
+
+
+def _torch_release() -> str:
+    """The torch release this interpreter has (timm's folder goes with the torchvision built for it)."""
+    from importlib.metadata import version
+
+    return version("torch").split("+")[0]
 
 
 def _reader(stream, q):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 from typing import Dict, List, Optional
 
@@ -237,7 +238,8 @@ def _when(rows: List[Dict], torch_version: str) -> str:
     """When and with which torch a line's rows ran, as the rows record it (``date`` and ``torch``, written by
     each run since 2026-11-24), not the day the page was rendered."""
     dates = sorted({r["date"] for r in rows if r.get("date")})
-    torches = sorted({r["torch"] for r in rows if r.get("torch")}) or [torch_version]
+    # rows restored from an earlier page record no torch: they ran under the page's (the renderer's) torch
+    torches = sorted({r.get("torch") or torch_version for r in rows})
     parts = [f"run {dates[0]}" + (f" to {dates[-1]}" if len(dates) > 1 else "")] if dates else []
     restored = sum(1 for r in rows if r.get("restored"))
     if restored:
@@ -319,12 +321,17 @@ def render(results: List[Dict], doc: Path, versions: List[str], torch_version: s
                          + (f"; **pass unpatched but fail with hotfix: {', '.join(regressed)}**" if regressed else ""))
         lines += ["", "| model type | class | " + " | ".join(_column(*c) for c in cols) + " | note |",
                   "|---|---|" + "---|" * len(cols) + "---|"]
+        usual = Counter(r.get("torch") or torch_version for r in rows).most_common(1)[0][0] if rows else ""
         for t in types:
             pairs = {_column(r, f): (index.get((version, t, r, False, f)), index.get((version, t, r, True, f)))
                      for r, f in cols}
             cls = next((row.get("class", "") for pair in pairs.values() for row in pair if row), "")
             cells = " | ".join(_short_cell(*pairs[_column(*c)]) for c in cols)
-            lines.append(f"| {t} | {cls} | {cells} | {_note(t, pairs)} |")
+            # a type measured under another torch than the rest of its line (Gemma-3n: timm needs a torchvision
+            # that PyPI has for torch 2.14.1 only) says so
+            other = sorted({row.get("torch") or torch_version for pair in pairs.values() for row in pair if row} - {usual})
+            note = "<br>".join(filter(None, [f"run under torch {', '.join(other)}" if other else "", _note(t, pairs)]))
+            lines.append(f"| {t} | {cls} | {cells} | {note} |")
         lines.append("")
     doc.parent.mkdir(parents=True, exist_ok=True)
     doc.write_text("\n".join(lines) + "\n")
@@ -355,6 +362,9 @@ HEADER = [
     "(facts learnt from transformers' own model tests). Rows `<type>+<variant>` switch on an optional",
     "path that passes tensors between layers (`tools/sweep/sweep_families/config_variants.py`:",
     "`deberta-v2+layer_norm`, `gemma4+kv_shared`); they are extra rows, outside the coverage count.",
+    "The types with a timm vision tower (Gemma-3n, FastVLM, PerceptionLM) run under torch 2.14.1 with",
+    "timm's smallest ConvNeXt/ViT as the tower (timm needs a torchvision PyPI has for that torch only);",
+    "their rows say so.",
     "Cells read `unpatched → with hotfix`",
     "(unpatched = `HOTFIX_DISABLE=1`); `n/a` = the recipe does not apply (no tower, no projection PEFT",
     "can wrap); `could-not-build` / `could-not-run` = the generic small config or dummy batch does",

@@ -16,6 +16,8 @@ The facts come from transformers' own tests (each model's ``ModelTester``); the 
 
 from __future__ import annotations
 
+import importlib.util
+
 from ._vision_language_common import _ids, _image_size, _pixels, with_placeholders
 
 
@@ -149,6 +151,62 @@ def _gemma3n_text_config(config):
         config.num_kv_shared_layers = 1 if n > 1 else 0
 
 
+# Gemma-3n (the whole model: text + timm vision tower + audio conformer).  Its ids are absolute: the
+# vision embedder's table starts at the text's vocab_size_per_layer_input, the audio's after it, and
+# the placeholders and the padding id ``text vocab_size - 1`` live in those tables.  Shrunk together:
+# text 0..255, vision 256..271 (image 257), audio 272..399 (audio 273).  The tower is timm's smallest
+# ConvNeXt (``test_convnext``: a 64-wide 2x2 map from 64x64 pixels, 4 image tokens); the audio sizes
+# are those of transformers' own Gemma3nAudioModelTester (48 frames -> 3 encodings, 4 audio tokens).
+GEMMA3N_IMAGE, GEMMA3N_AUDIO = 257, 273
+
+
+def _gemma3n_config(config):
+    text, vision, audio = config.text_config, config.vision_config, config.audio_config
+    _gemma3n_text_config(text)
+    text.vocab_size, text.vocab_size_per_layer_input = 400, 256
+    vision.architecture, vision.model_args, vision.hidden_size = "test_convnext", None, 64
+    vision.vocab_offset, vision.vocab_size = 256, 16
+    audio.vocab_offset, audio.vocab_size = 272, 128
+    for key, value in (("input_feat_size", 32), ("hidden_size", 32), ("conf_num_attention_heads", 4),
+                       ("conf_num_hidden_layers", 2), ("sscp_conv_channel_size", (16, 8)), ("conf_conv_kernel_size", 3),
+                       ("conf_attention_chunk_size", 4), ("conf_attention_context_left", 5)):
+        setattr(audio, key, value)
+    config.vision_soft_tokens_per_image = config.audio_soft_tokens_per_image = 4
+    config.image_token_id, config.audio_token_id = GEMMA3N_IMAGE, GEMMA3N_AUDIO
+    config.boi_token_id, config.eoi_token_id, config.boa_token_id, config.eoa_token_id = 258, 259, 274, 275
+
+
+def _gemma3n_batch(model, config, generator):
+    import torch
+
+    ids = _ids(config, generator, length=14)
+    ids[:, 1:5], ids[:, 6:10] = GEMMA3N_IMAGE, GEMMA3N_AUDIO
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "pixel_values": _pixels(generator, size=64),
+            "input_features": torch.randn(2, 48, 32, generator=generator),
+            "input_features_mask": torch.ones(2, 48, dtype=torch.bool)}
+
+
+def _timm_tower_config(config):
+    """A timm vision tower (TimmWrapperConfig) swapped for timm's smallest ConvNeXt (``test_convnext``: 64
+    features per position of a 2x2 map at 64x64 pixels, 1x1 at 32x32); its projector reads hidden_size."""
+    vision = config.vision_config
+    vision.architecture, vision.model_args, vision.hidden_size = "test_convnext", None, 64
+
+
+def _perception_lm_config(config):
+    """The Perception Encoder tower (timm's vit_pe_core) swapped for timm's ``test_vit`` at 32x32 pixels,
+    patch 16: a class token and 4 patches; the projector reads ``model_args["embed_dim"]``."""
+    vision = config.vision_config
+    vision.architecture, vision.hidden_size = "test_vit", 64
+    vision.model_args = {"embed_dim": 64, "img_size": 32, "patch_size": 16, "depth": 2, "num_heads": 2}
+
+
+def _perception_lm_batch(model, config, generator):
+    """One 32x32 tile per sample: pixel_values is (batch, tiles, channels, height, width)."""
+    batch = {"input_ids": _ids(config, generator), "pixel_values": _pixels(generator, 32).unsqueeze(1)}
+    return with_placeholders(model, config, batch)
+
+
 def _step3p7_config(config):
     text = config.text_config
     _trim_layer_lists(text)
@@ -197,6 +255,9 @@ CONFIGS = {
     "aria": _aria_config,
     "gemma3": _gemma3_config,
     "gemma3n_text": _gemma3n_text_config,
+    "gemma3n": _gemma3n_config,
+    "fast_vlm": _timm_tower_config,  # FastViT fastvit_mci3 by default
+    "perception_lm": _perception_lm_config,
     "step3p7": _step3p7_config,
     "pi0": _pi0_config,
     "llava_onevision": _anyres_config,
@@ -218,13 +279,19 @@ INPUTS = {
     "gemma3": _llava_batch,
     "step3p7": _llava_batch,
     "pi0": _pi0_batch,
+    "gemma3n": _gemma3n_batch,
+    "fast_vlm": _llava_batch,
+    "perception_lm": _perception_lm_batch,
 }
 
 _TIMM = ("needs timm ({} vision tower is a TimmWrapperModel); timm needs torchvision, whose CPU build "
          "for torch 2.13.0 is not on PyPI")
 
-UNBUILDABLE = {
-    "gemma3n": _TIMM.format("MobileNetV5 mobilenetv5_300m_enc"),
-    "fast_vlm": _TIMM.format("FastViT fastvit_mci3"),
-    "perception_lm": _TIMM.format("Perception Encoder"),
-}
+UNBUILDABLE = {}
+# Gemma-3n, FastVLM and PerceptionLM run where timm imports: torch 2.14.1 with PyPI's torchvision 0.29.1 and
+# timm in .matrix/timm-torch2.14.1 (tools/sweep/sweep_models.py's release_pythonpath adds it).
+if importlib.util.find_spec("timm") is None:
+    for _type, _tower in (("gemma3n", "MobileNetV5"), ("fast_vlm", "FastViT fastvit_mci3"),
+                          ("perception_lm", "Perception Encoder")):
+        UNBUILDABLE[_type] = (_TIMM.format(_tower) + "; swept under torch 2.14.1 instead, with PyPI's "
+                              "torchvision 0.29.1 and timm (docs/sweep.md)")
