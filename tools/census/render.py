@@ -65,6 +65,12 @@ def _table(rows: List[Dict], dimension: str, mechanisms: List[str], order: List[
     return lines
 
 
+def _older_peft():
+    import sweep_models  # tools/sweep is on sys.path wherever the census runs
+
+    return sweep_models.OLDER_PEFT
+
+
 def _gates(rows: List[Dict]) -> List[str]:
     """The declared ranges beside what the rows measured (tests/versions/test_version_gates.py checks them)."""
     import gates
@@ -110,7 +116,8 @@ def render(rows: List[Dict], doc: Path) -> None:
            "rounding), tripped the memory/time guard, or (late-offload) "
            "offloaded nothing in step 1; *fine*: every case equal; *n/a*: the release has no such model or "
            "code path; *error*: a case could not be built or run (measured again by the next run); "
-           "**BROKEN** with hotfix is listed below with its mechanism.", ""]
+           "**BROKEN** with hotfix is listed below with its mechanism. The LoRA cells run the test venv's PEFT, "
+           f"below transformers {_older_peft()[0]} PEFT {_older_peft()[1]} (newer PEFT does not import there).", ""]
     broken_with_hotfix = [r for r in rows if r["hotfix"] and r["verdict"] in BROKEN]
     for torch in torches:
         mine = [r for r in rows if r["torch"] == torch]
