@@ -97,6 +97,21 @@ def _describe(patch, write) -> None:
     write(f"    upstream: {patch.upstream}; fixed in: {patch.fixed_in or 'no release yet'}")
 
 
+def _byte_size(text: str) -> int:
+    """argparse type of --memory-limit: a size such as 4GiB, or one usage line (never a traceback)."""
+    import argparse
+
+    from hotfix.diagnostics.memory import parse_bytes
+
+    try:
+        size = parse_bytes(text)
+    except ValueError:
+        size = 0
+    if size <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size in bytes (e.g. 4GiB, 512M, 1000000)")
+    return size
+
+
 def _add_check_arguments(p) -> None:
     p.add_argument("target", help="MODULE:CALLABLE or FILE.py:CALLABLE; the callable takes no arguments and returns "
                    "(model, batch), (model, batch, loss_fn) or a dict with keys model, batch[, loss_fn]")
@@ -106,7 +121,7 @@ def _add_check_arguments(p) -> None:
     p.add_argument("--rtol", type=float, default=None, help="relative tolerance (default: by dtype)")
     p.add_argument("--floor", type=float, default=None,
                    help="fraction of the whole gradient's norm used as the least error scale (default 1e-3)")
-    p.add_argument("--memory-limit", default=None,
+    p.add_argument("--memory-limit", type=_byte_size, default=None,
                    help="RSS growth allowed per step, e.g. 4GiB (default: min(50%% of available memory, 8 GiB))")
     p.add_argument("--time-limit", type=float, default=600.0, help="seconds per step (default 600)")
     p.add_argument("--grace", type=float, default=60.0,
@@ -134,7 +149,6 @@ def check_model_command(args) -> int:
     from hotfix.diagnostics.checker import MODES, CheckerError, check_model
     from hotfix.diagnostics.compare import FLOOR
     from hotfix.diagnostics.factory import load_factory, unpack_factory_result
-    from hotfix.diagnostics.memory import parse_bytes
 
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     bad = [m for m in modes if m not in MODES]
@@ -169,7 +183,7 @@ def check_model_command(args) -> int:
         report = check_model(
             model, batch, loss_fn=loss_fn, modes=modes, seed=args.seed, rtol=args.rtol,
             floor=FLOOR if args.floor is None else args.floor,
-            memory_limit=None if args.memory_limit is None else parse_bytes(args.memory_limit),
+            memory_limit=args.memory_limit,
             time_limit=args.time_limit, grace=args.grace,
         )
     except CheckerError as exc:

@@ -240,6 +240,17 @@ def test_parse_bytes(text, value):
     assert parse_bytes(text) == value
 
 
+@pytest.mark.parametrize("value", ["lots", "-1", "0", ""])
+def test_check_model_refuses_a_memory_limit_that_is_not_a_size_in_one_usage_line(value, capsys):
+    """--memory-limit lots raised ValueError out of check-model (a traceback); argparse now says why, status 2."""
+    from hotfix.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["check-model", "pkg:build", "--memory-limit", value])
+    assert exited.value.code == 2
+    assert f"argument --memory-limit: {value!r} is not a size in bytes" in capsys.readouterr().err
+
+
 def test_fmt_bytes():
     assert (fmt_bytes(None), fmt_bytes(12), fmt_bytes(-2048), fmt_bytes(3 * 2**30)) == ("n/a", "12 B", "-2.0 KiB", "3.0 GiB")
 
