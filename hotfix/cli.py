@@ -92,8 +92,9 @@ def _describe(patch, write) -> None:
         ranges += "".join(f"; not reached: {dist} {spec}" for dist, spec in mechanism.unreached.items())
         write(f"    {'[here] ' if mechanism.name in here else '       '}{mechanism.name} ({ranges}): {mechanism.summary}")
     write(f"    here:     {'applies' if verdict.applies else 'does not apply'}: {verdict.reason}")
-    if patch.uncovered_here():
-        write(f"    NOT COVERED: {patch.uncovered_here()}")
+    uncovered = patch.uncovered_here()
+    if uncovered:
+        write(f"    NOT COVERED: {uncovered}")
     write(f"    upstream: {patch.upstream}; fixed in: {patch.fixed_in or 'no release yet'}")
 
 

@@ -88,8 +88,9 @@ def _uncovered_fixes() -> List[Tuple[str, str]]:
     """(fix, why) for each transformers fix that does not reach the installed release (``Patch.uncovered_here``)."""
     from hotfix.registry import registry
 
-    return [(patch.name, patch.uncovered_here()) for patch in registry.patches().values()
-            if "transformers" in patch.distributions and patch.uncovered_here()]
+    found = [(patch.name, patch.uncovered_here()) for patch in registry.patches().values()
+             if "transformers" in patch.distributions]
+    return [(name, why) for name, why in found if why]
 
 
 def main(argv=None) -> int:

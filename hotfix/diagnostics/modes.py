@@ -88,7 +88,8 @@ def enable(model, mode: Any) -> str:
         raise NotImplementedError(f"{type(model).__name__} has no gradient_checkpointing_enable()")
     if getattr(model, "supports_gradient_checkpointing", True) is False:
         raise NotImplementedError(f"{type(model).__name__}.supports_gradient_checkpointing is False")
-    if mode in ("reentrant", "non-reentrant") and not _takes_checkpointing_kwargs(enable):
+    takes_kwargs = _takes_checkpointing_kwargs(enable)
+    if mode in ("reentrant", "non-reentrant") and not takes_kwargs:
         raise NotImplementedError(f"{type(model).__name__}.gradient_checkpointing_enable() takes no "
                                   "gradient_checkpointing_kwargs (transformers before 4.35): use_reentrant "
                                   "cannot be chosen")
@@ -107,7 +108,7 @@ def enable(model, mode: Any) -> str:
         raise NotImplementedError("gradient_checkpointing_enable() set no checkpoint function on any layer"
                                   + ("; its layers call torch's checkpoint from their own code (transformers "
                                      "before 4.35), which this check cannot see" if mode == "default"
-                                     and not _takes_checkpointing_kwargs(enable) else ""))
+                                     and not takes_kwargs else ""))
     return held if mode != "default" else f"{held}; installed: {installed_checkpoint()}"
 
 

@@ -99,8 +99,9 @@ def run_transformers(version: str, hotfix: bool, function: str, done: set, sink,
     import sweep_models
 
     install("transformers", version)
-    if sweep_models.older_peft(version):
-        install("peft", sweep_models.older_peft(version))
+    peft = sweep_models.older_peft(version)
+    if peft:
+        install("peft", peft)
     for recipe, models in cells.by_recipe(args.cells).items():
         todo = [m for m in models if (m, recipe) not in done]
         if not todo:

@@ -47,13 +47,9 @@ def _declared(patches) -> Dict[str, object]:
     return {mechanism.name: mechanism for patch in patches for mechanism in patch.mechanisms}
 
 
-def _inside(mechanism, dimension: str, release: str) -> bool:
-    spec = mechanism.affected.get(DISTRIBUTION[dimension])
-    return spec is not None and SpecifierSet(spec).contains(Version(release), prereleases=True)
-
-
-def _unreached(mechanism, dimension: str, release: str) -> bool:
-    spec = mechanism.unreached.get(DISTRIBUTION[dimension])
+def _holds(ranges, dimension: str, release: str) -> bool:
+    """Does ``ranges`` (a mechanism's ``affected`` or ``unreached``) hold ``release`` of ``dimension``?"""
+    spec = ranges.get(DISTRIBUTION[dimension])
     return spec is not None and SpecifierSet(spec).contains(Version(release), prereleases=True)
 
 
@@ -69,10 +65,10 @@ def problems(rows: Iterable[Dict], patches) -> List[str]:
             continue
         if DISTRIBUTION[dimension] not in mechanism.affected:
             continue
-        inside = _inside(mechanism, dimension, release)
+        inside = _holds(mechanism.affected, dimension, release)
         upstream, fixed = states["upstream"], states["hotfix"]
         series.setdefault((dimension, torch, name), []).append((Version(release), release, upstream))
-        if upstream == "broken" and not inside and not _unreached(mechanism, dimension, release):
+        if upstream == "broken" and not inside and not _holds(mechanism.unreached, dimension, release):
             out.append(f"{name}: {dimension} {release} (torch {torch}) is broken upstream but outside the declared "
                        f"range {mechanism.affected[DISTRIBUTION[dimension]]}")
         if upstream == "fine" and inside and fixed != "fine":
@@ -86,7 +82,7 @@ def problems(rows: Iterable[Dict], patches) -> List[str]:
             continue
         fixed_from = measured[broken_at[-1] + 1][1]
         inside_after = [release for _, release, _ in measured[broken_at[-1] + 1:]
-                        if _inside(declared[name], dimension, release)]
+                        if _holds(declared[name].affected, dimension, release)]
         if inside_after:
             out.append(f"{name}: fixed upstream from {dimension} {fixed_from} (torch {torch}; every measured release "
                        f"after is fine), but the range still holds {', '.join(inside_after)}")

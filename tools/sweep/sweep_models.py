@@ -96,8 +96,9 @@ def release_pythonpath(version: str, function: str = "torch") -> List[Path]:
     it was installed for this interpreter's torch, timm with its torchvision: .matrix/timm-torch<release>), for
     the ``unsloth`` function the unsloth-zoo release, and below 4.43 an older PEFT (``OLDER_PEFT``)."""
     paths = [MATRIX / f"transformers-{version}"] + ([MATRIX / f"unsloth-zoo-{UNSLOTH_ZOO}"] if function == "unsloth" else [])
-    if older_peft(version):
-        paths.append(MATRIX / f"peft-{older_peft(version)}")
+    peft = older_peft(version)
+    if peft:
+        paths.append(MATRIX / f"peft-{peft}")
     for path in paths:
         if not (path / ".complete").exists():
             raise SystemExit(f"{path} is not installed; run scripts/test.sh first")

@@ -234,12 +234,16 @@ def _note(model_type: str, pairs: Dict[str, tuple]) -> str:
     return "<br>".join(notes)
 
 
+def _torch_of(row: Dict, torch_version: str) -> str:
+    """The torch a row ran under; rows restored from an earlier page record none: the page's (the renderer's)."""
+    return row.get("torch") or torch_version
+
+
 def _when(rows: List[Dict], torch_version: str) -> str:
     """When and with which torch a line's rows ran, as the rows record it (``date`` and ``torch``, written by
     each run since 2026-11-24), not the day the page was rendered."""
     dates = sorted({r["date"] for r in rows if r.get("date")})
-    # rows restored from an earlier page record no torch: they ran under the page's (the renderer's) torch
-    torches = sorted({r.get("torch") or torch_version for r in rows})
+    torches = sorted({_torch_of(r, torch_version) for r in rows})
     parts = [f"run {dates[0]}" + (f" to {dates[-1]}" if len(dates) > 1 else "")] if dates else []
     restored = sum(1 for r in rows if r.get("restored"))
     if restored:
@@ -321,7 +325,7 @@ def render(results: List[Dict], doc: Path, versions: List[str], torch_version: s
                          + (f"; **pass unpatched but fail with hotfix: {', '.join(regressed)}**" if regressed else ""))
         lines += ["", "| model type | class | " + " | ".join(_column(*c) for c in cols) + " | note |",
                   "|---|---|" + "---|" * len(cols) + "---|"]
-        usual = Counter(r.get("torch") or torch_version for r in rows).most_common(1)[0][0] if rows else ""
+        usual = Counter(_torch_of(r, torch_version) for r in rows).most_common(1)[0][0] if rows else ""
         for t in types:
             pairs = {_column(r, f): (index.get((version, t, r, False, f)), index.get((version, t, r, True, f)))
                      for r, f in cols}
@@ -329,7 +333,7 @@ def render(results: List[Dict], doc: Path, versions: List[str], torch_version: s
             cells = " | ".join(_short_cell(*pairs[_column(*c)]) for c in cols)
             # a type measured under another torch than the rest of its line (Gemma-3n: timm needs a torchvision
             # that PyPI has for torch 2.14.1 only) says so
-            other = sorted({row.get("torch") or torch_version for pair in pairs.values() for row in pair if row} - {usual})
+            other = sorted({_torch_of(row, torch_version) for pair in pairs.values() for row in pair if row} - {usual})
             note = "<br>".join(filter(None, [f"run under torch {', '.join(other)}" if other else "", _note(t, pairs)]))
             lines.append(f"| {t} | {cls} | {cells} | {note} |")
         lines.append("")

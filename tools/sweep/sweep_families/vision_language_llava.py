@@ -151,6 +151,13 @@ def _gemma3n_text_config(config):
         config.num_kv_shared_layers = 1 if n > 1 else 0
 
 
+def _timm_tower_config(config):
+    """A timm vision tower (TimmWrapperConfig) swapped for timm's smallest ConvNeXt (``test_convnext``: 64
+    features per position of a 2x2 map at 64x64 pixels, 1x1 at 32x32); its projector reads hidden_size."""
+    vision = config.vision_config
+    vision.architecture, vision.model_args, vision.hidden_size = "test_convnext", None, 64
+
+
 # Gemma-3n (the whole model: text + timm vision tower + audio conformer).  Its ids are absolute: the
 # vision embedder's table starts at the text's vocab_size_per_layer_input, the audio's after it, and
 # the placeholders and the padding id ``text vocab_size - 1`` live in those tables.  Shrunk together:
@@ -164,7 +171,7 @@ def _gemma3n_config(config):
     text, vision, audio = config.text_config, config.vision_config, config.audio_config
     _gemma3n_text_config(text)
     text.vocab_size, text.vocab_size_per_layer_input = 400, 256
-    vision.architecture, vision.model_args, vision.hidden_size = "test_convnext", None, 64
+    _timm_tower_config(config)
     vision.vocab_offset, vision.vocab_size = 256, 16
     audio.vocab_offset, audio.vocab_size = 272, 128
     for key, value in (("input_feat_size", 32), ("hidden_size", 32), ("conf_num_attention_heads", 4),
@@ -184,13 +191,6 @@ def _gemma3n_batch(model, config, generator):
     return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "pixel_values": _pixels(generator, size=64),
             "input_features": torch.randn(2, 48, 32, generator=generator),
             "input_features_mask": torch.ones(2, 48, dtype=torch.bool)}
-
-
-def _timm_tower_config(config):
-    """A timm vision tower (TimmWrapperConfig) swapped for timm's smallest ConvNeXt (``test_convnext``: 64
-    features per position of a 2x2 map at 64x64 pixels, 1x1 at 32x32); its projector reads hidden_size."""
-    vision = config.vision_config
-    vision.architecture, vision.model_args, vision.hidden_size = "test_convnext", None, 64
 
 
 def _perception_lm_config(config):
