@@ -32,13 +32,31 @@ class build_py_with_startup_files(build_py):
         return outputs + [os.path.join(self.build_lib, name) for name in STARTUP_FILES]
 
 
+# What an editable install's .pth runs (one line: `exec` of this text).  The checkout
+# may be moved or deleted after the install: then one line says so, not a traceback.
+# In a venv Python reads site-packages twice (lib64 -> lib), hence the guard.
+EDITABLE_START = """\
+import os, sys, _frozen_importlib as bootstrap, _frozen_importlib_external as external
+root, boot = {root!r}, {boot!r}
+if "_hotfix_boot" in sys.modules:
+    pass  # run already by this .pth, read a second time
+elif os.path.isfile(boot):
+    spec = external.spec_from_file_location("_hotfix_boot", boot)
+    module = sys.modules["_hotfix_boot"] = bootstrap.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.boot(root)
+else:
+    sys.modules["_hotfix_boot"] = None  # said once
+    sys.stderr.write("hotfix: hotfix-checkpoint is installed in editable mode from %s, but %s is missing (the "
+                     "checkout moved or was deleted); hotfix is off. Repair: pip install -e <the checkout>, or "
+                     "pip uninstall hotfix-checkpoint\\n" % (root, boot))
+"""
+
+
 def editable_startup_line(root):
-    """The wheel's .pth line, with boot/_hotfix_boot.py and hotfix's home taken from the checkout."""
+    """The editable install's .pth line: EDITABLE_START with the checkout's boot/_hotfix_boot.py and root."""
     boot = os.path.join(root, "boot", "_hotfix_boot.py")
-    return ("import sys, _frozen_importlib as b, _frozen_importlib_external as e; "
-            f"s = e.spec_from_file_location('_hotfix_boot', {boot!r}); "
-            "m = sys.modules['_hotfix_boot'] = b.module_from_spec(s); s.loader.exec_module(m); "
-            f"m.boot({root!r})\n")
+    return "import sys; exec(%r)\n" % EDITABLE_START.format(boot=boot, root=root)
 
 
 class _StrategyWithStartupFile:

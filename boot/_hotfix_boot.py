@@ -18,6 +18,21 @@ about to run its imports: it activates hotfix there, then executes the
 trigger.  Patches attach through wrapt post-import hooks, so they are in place
 before any of the trigger's submodules load.
 
+When: once this thread can import what hotfix needs
+---------------------------------------------------
+Activation imports hotfix, wrapt, packaging, much of the standard library and
+every third-party fix's module.  A module whose body is still running in this
+thread sits half made in ``sys.modules``, and an import of it hands over that
+half ("partially initialized module 'logging'"), so:
+
+* a trigger is activated on *before* its code runs (hotfix needs none of them);
+* any other first import (third-party fixes installed) is activated on *after*
+  its code ran: ``import logging`` first, logging is whole by then;
+* never while the body of a standard-library module, wrapt, packaging or hotfix
+  runs in this thread (``site``'s during interpreter start-up, when sys.path is
+  not final yet; ``importlib.metadata``'s while it imports ``email``): the
+  activation is then put off to the next top-level import.
+
 Which code runs: hotfix's own, found by location
 ------------------------------------------------
 The ``.pth`` line loads this file by its path in site-packages (not by a name
@@ -25,7 +40,9 @@ on ``sys.path``, where a user's ``_hotfix_boot.py`` could stand first), and
 activation loads the ``hotfix`` package from the same directory.  A user's own
 ``hotfix.py`` or ``hotfix/`` earlier on ``sys.path`` is never executed; a
 damaged or overwritten install, or a foreign ``hotfix`` already imported, is
-one line on stderr and the program goes on without hotfix.
+one line on stderr and the program goes on without hotfix.  hotfix-checkpoint's
+own source checkout first on sys.path (a script run from its root) is no
+exception: the installed copy runs, the one whose fixes were installed with it.
 """
 
 import sys
@@ -39,13 +56,16 @@ TRIGGERS = frozenset({"transformers", "unsloth", "unsloth_zoo"})
 # Third-party fixes declare themselves in this entry-point group; their targets
 # are only known once their module is imported, which the start-up hook cannot
 # do.  So when any distribution other than hotfix-checkpoint declares the group,
-# the first top-level import of the process activates hotfix (see
-# ActivateOnFirstImport._third_party_fixes_installed).
+# the first top-level import of the process activates hotfix, once that module
+# ran (see ActivateOnFirstImport._third_party_fixes_installed).
 ENTRY_POINT_SECTION = "[hotfix.patches]"
 SECTION_BYTES = b"[hotfix.patches]"
 # The interpreter's own start-up lookups: never worth a scan.
 STARTUP_NAMES = frozenset({"sitecustomize", "usercustomize"})
 BUILTIN_FIX_PREFIX = "hotfix.patches."
+# What activation imports beyond the standard library: hotfix's two dependencies,
+# and hotfix itself (an `import hotfix` still running activates at its own end).
+OWN_IMPORTS = frozenset({"hotfix", "wrapt", "packaging"})
 
 # Same values as hotfix.config.TRUE_VALUES (kept in sync by a test).  Any
 # other non-empty value is left to hotfix.config, which warns about it.
@@ -63,12 +83,13 @@ def _say(message):
     sys.stderr.write("hotfix: %s\n" % (message,))
 
 
-class _ActivateBeforeExec:
-    """Loader proxy for the trigger: activate hotfix, then run the real loader."""
+class _ActivateAroundExec:
+    """Loader proxy for the first import: activate hotfix before (a trigger) or after its code runs."""
 
-    def __init__(self, loader, finder):
+    def __init__(self, loader, finder, trigger):
         self._loader = loader
         self._finder = finder
+        self._trigger = trigger
 
     def __getattr__(self, name):
         return getattr(self._loader, name)
@@ -83,8 +104,14 @@ class _ActivateBeforeExec:
         spec = getattr(module, "__spec__", None)
         if spec is not None and getattr(spec, "loader", None) is self:
             spec.loader = self._loader
-        self._finder.activate()
-        self._loader.exec_module(module)
+        if self._trigger and self._finder.can_activate():
+            self._finder.activate()  # before the trigger's code: its submodules find the fixes' hooks in place
+        try:
+            self._loader.exec_module(module)
+        except BaseException:
+            self._finder.put_off()  # the module is half made until the import system drops it
+            raise
+        self._finder.activate_when_possible()
 
 
 class ActivateOnFirstImport:
@@ -97,15 +124,19 @@ class ActivateOnFirstImport:
 
     def __init__(self, home):
         self.home = home  # the site-packages directory holding this file and hotfix/
-        self.armed = False  # a trigger's loader carries the activation
+        self.armed = False  # an import's loader carries the activation
+        self.due = False  # the activation was put off: the next top-level import carries it, whatever it is
         self.finished = False
         self._searching = set()  # thread ids inside our own find_spec (finders may recurse)
         self._third_party = None  # unknown until the first top-level import
 
     def find_spec(self, fullname, path=None, target=None):
-        if self.armed or target is not None or path is not None:
+        if self.finished or self.armed or target is not None or path is not None:
             return None
-        if fullname not in TRIGGERS and (fullname in STARTUP_NAMES or not self._third_party_fixes_installed()):
+        if fullname == PACKAGE:
+            return None  # importing hotfix activates it; its own imports are put off (can_activate)
+        if fullname not in TRIGGERS and not self.due and (
+                fullname in STARTUP_NAMES or not self._third_party_fixes_installed()):
             return None
         me = _thread.get_ident()
         if me in self._searching:
@@ -121,7 +152,7 @@ class ActivateOnFirstImport:
         if self.armed:
             return None
         self.armed = True
-        spec.loader = _ActivateBeforeExec(spec.loader, self)
+        spec.loader = _ActivateAroundExec(spec.loader, self, fullname in TRIGGERS)
         return spec
 
     def _third_party_fixes_installed(self):
@@ -132,6 +163,8 @@ class ActivateOnFirstImport:
         import, so it is safe under the import lock.
         """
         if self._third_party is None:
+            if _running_module(lambda name, filename: name == "site"):
+                return False  # interpreter start-up: sys.path is not final yet, read it at the next import
             self._third_party = False
             try:
                 self._third_party = _declares_third_party_fixes(sys.path)
@@ -151,6 +184,24 @@ class ActivateOnFirstImport:
                 return spec
         return None
 
+    def can_activate(self):
+        """True unless a module that activation imports is half made in this thread (module docstring)."""
+        return _running_module(_needed_by_hotfix) is None
+
+    def put_off(self):
+        """Not now: the next top-level import, whichever it is, carries the activation."""
+        if not self.finished:
+            self.due = True
+            self.armed = False
+
+    def activate_when_possible(self):
+        if self.finished:
+            return
+        if self.can_activate():
+            self.activate()
+        else:
+            self.put_off()
+
     def activate(self):
         """Load hotfix from ``home`` (importing it activates it); never raises."""
         if self.finished:
@@ -160,6 +211,38 @@ class ActivateOnFirstImport:
             load_hotfix(self.home)
         except Exception as exc:
             _say("auto-activation failed, continuing without hotfix: %r" % (exc,))
+
+
+def _running_module(wanted):
+    """The innermost module whose body is running in this thread and ``wanted(name, filename)``, or None.
+
+    A module body is a ``<module>`` frame; its globals are the module's.  Only this
+    thread's stack counts: a module another thread is importing is behind that
+    thread's module lock, which an import here waits for (it never sees the half).
+    """
+    frame = sys._getframe(1)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "<module>":
+            name = frame.f_globals.get("__name__")
+            if isinstance(name, str) and wanted(name, code.co_filename):
+                return name
+        frame = frame.f_back
+    return None
+
+
+def _needed_by_hotfix(name, filename):
+    """May activation import this module: standard library, hotfix's dependencies, hotfix?"""
+    top = name.partition(".")[0]
+    if top in OWN_IMPORTS:
+        return True
+    stdlib = getattr(sys, "stdlib_module_names", None)  # Python >= 3.10
+    if stdlib is not None:
+        return top in stdlib
+    import os  # Python 3.9 (already loaded by site): the standard library is os.py's folder, less site-packages
+
+    lib = os.path.dirname(os.__file__)
+    return filename.startswith(lib + os.sep) and "-packages" not in filename[len(lib):]
 
 
 def _declares_third_party_fixes(paths):
@@ -209,8 +292,10 @@ def load_hotfix(home):
     loaded = sys.modules.get(PACKAGE)
     if loaded is not None:
         where = getattr(loaded, "__file__", None)
-        if getattr(loaded, "DISTRIBUTION", None) == DISTRIBUTION:
-            return  # `import hotfix` came first (installed, or a source checkout): it is active already
+        if getattr(loaded, "DISTRIBUTION", None) == DISTRIBUTION or (where and _is_ours(where)):
+            # `import hotfix` came first (installed, or a source checkout): it activates hotfix, if it has
+            # not yet (still running, its names are not all there: its file says whose it is)
+            return
         _say("a different module named 'hotfix' is already imported (%s); %s in %s is not active in this "
              "process. Rename that module to use both." % (where or loaded, DISTRIBUTION, package_dir))
         return
@@ -231,10 +316,10 @@ def load_hotfix(home):
     found = external.PathFinder.find_spec(PACKAGE)  # what a plain `import hotfix` would load
     shadow = None
     if found is not None and found.origin and os.path.realpath(found.origin) != os.path.realpath(init):
-        if _is_ours(found.origin):
-            bootstrap._load(found)  # hotfix-checkpoint's own source checkout, first on sys.path: use it
-            return
-        shadow = found.origin
+        # hotfix-checkpoint's own source checkout first on sys.path (a script run from the checkout's
+        # root) is passed over in silence: the installed copy runs, as it does from anywhere else.
+        if not _is_ours(found.origin):
+            shadow = found.origin
     elif found is not None and not found.origin:  # a namespace directory earlier on sys.path
         shadow = ", ".join(found.submodule_search_locations or ()) or "a namespace package"
     spec = external.PathFinder.find_spec(PACKAGE, [home])
@@ -277,6 +362,6 @@ def boot(home=None):
         finder = ActivateOnFirstImport(home or _home())
         sys.meta_path.insert(0, finder)
         if any(name in sys.modules for name in TRIGGERS):
-            finder.activate()  # a trigger was imported before site ran (rare): nothing left to arm
+            finder.activate_when_possible()  # a trigger was imported before this hook ran (rare): nothing to arm
     except Exception as exc:  # never break interpreter start-up
         _say("boot failed, continuing without hotfix: %r" % (exc,))

@@ -12,14 +12,44 @@ from __future__ import annotations
 
 from typing import List
 
-from hotfix.patch import Mechanism, Patch, Verdict
-from hotfix.registry import ENTRY_POINT_GROUP, registry
+#: the start-up hook tells hotfix-checkpoint from a user's own module named hotfix by this line;
+#: hotfix.registry reads it while this file runs, so it comes before the imports
+DISTRIBUTION = "hotfix-checkpoint"
+
+
+def _fixes_beside_a_checkout() -> None:
+    """In a source checkout, ``hotfix.patches`` is the ``patches/`` folder beside ``hotfix/``.
+
+    The wheel installs the top-level ``patches/`` as ``hotfix/patches/`` (pyproject's
+    package-dir); a checkout keeps the two side by side, so a script or ``python -m
+    hotfix`` run from its root would find no fix.  There the folder is made the
+    subpackage through the import system's own spec (nothing copied), as the wheel
+    would; an install, which has ``hotfix/patches/``, is left alone.
+    """
+    import os
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    beside = os.path.join(os.path.dirname(here), "patches")
+    if os.path.isdir(os.path.join(here, "patches")) or not os.path.isfile(os.path.join(beside, "__init__.py")):
+        return
+    import importlib.util  # only in a checkout
+
+    spec = importlib.util.spec_from_file_location(f"{__name__}.patches", os.path.join(beside, "__init__.py"),
+                                                  submodule_search_locations=[beside])
+    package = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(package)
+    setattr(sys.modules[__name__], "patches", package)  # bound on the parent, as any subpackage import does
+
+
+_fixes_beside_a_checkout()
+
+from hotfix.patch import Mechanism, Patch, Verdict  # noqa: E402
+from hotfix.registry import ENTRY_POINT_GROUP, registry  # noqa: E402
 
 __all__ = ["Patch", "Mechanism", "Verdict", "activate", "revert", "known_patches", "ENTRY_POINT_GROUP",
            "__version__"]
 __version__ = "0.1.0"  # the one place: pyproject.toml reads it (tool.setuptools.dynamic)
-#: the start-up hook tells hotfix-checkpoint from a user's own module named hotfix by this line
-DISTRIBUTION = "hotfix-checkpoint"
 
 
 def activate() -> bool:

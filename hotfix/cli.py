@@ -1,18 +1,23 @@
-"""Command line: ``hotfix status`` (default), ``hotfix doctor``, ``hotfix check-model``.
+"""Command line: ``hotfix status`` (default), ``hotfix doctor``, ``hotfix check-model``, ``hotfix --version``.
 
-``python -m hotfix`` is the same command.
+``python -m hotfix`` is the same command.  Bad input is one ``hotfix`` line on stderr and an
+exit status, never a traceback: a reader that stops reading (``hotfix status | head -1``)
+ends the output quietly, Ctrl-C is one line and status 130.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import math
 import os
 import sys
 from typing import List, Optional
 
 from hotfix.config import DISABLE_VAR, DISABLED_PATCHES_VAR
 from hotfix.diagnostics.compare import short_error
+from hotfix.diagnostics.step import CheckerError
+from hotfix.diagnostics.startup import startup_hook
 from hotfix.registry import registry
 from hotfix.versions import REPORTED_LIBRARIES, reader
 
@@ -31,6 +36,8 @@ def _import_targets(patches) -> dict:
                 continue
             try:
                 importlib.import_module(target)
+            except KeyboardInterrupt:
+                raise
             except BaseException as exc:  # some libraries raise SystemExit without a GPU
                 problems[target] = short_error(exc)
     return problems
@@ -40,6 +47,9 @@ def _state(patch, opted_out: bool, problems: dict) -> str:
     """One phrase: what this fix is doing in this process."""
     if opted_out:
         return "opted out"
+    invalid = patch.declaration_error()
+    if invalid:
+        return f"NOT APPLIED: {invalid}"
     if patch.applied:
         return "APPLIED to " + ", ".join(patch.applied_targets)
     if not patch.check().applies:
@@ -63,13 +73,14 @@ def status(import_targets: bool = True, out=None, verbose: bool = False) -> int:
     patches = registry.patches()
     problems = _import_targets(patches) if import_targets and registry.active else {}
     write(f"hotfix {hotfix.__version__} (distribution hotfix-checkpoint)  {'active' if registry.active else 'INACTIVE'}")
+    write("start-up hook: " + startup_hook(os.path.dirname(hotfix.__file__), registry.settings.disabled))
     write("libraries: " + "; ".join(f"{dist} {reader.evidence(dist, module).describe()}"
                                     for dist, module in REPORTED_LIBRARIES.items()))
     write(f"opt-out: {DISABLE_VAR}={os.environ.get(DISABLE_VAR, '')!r}"
           + (" (hotfix disabled)" if registry.settings.disabled else "")
           + f"  {DISABLED_PATCHES_VAR}={os.environ.get(DISABLED_PATCHES_VAR, '')!r}")
-    for name, error in registry.load_errors.items():
-        write(f"plugin {name!r} failed to load: {error}")
+    for error in registry.load_errors.values():
+        write(f"failed to load: {error}")
     write("patches:")
     for key, patch in sorted(patches.items()):
         source = registry.sources.get(key) or "unknown distribution"
@@ -86,6 +97,9 @@ def _describe(patch, write) -> None:
     write(f"    fixes:    {patch.symptom}")
     if patch.details:
         write(f"    covers:   {patch.details}")
+    if patch.declaration_error():  # its ranges cannot be listed: the state line says why
+        write(f"    upstream: {patch.upstream}")
+        return
     here = {m.name for m in patch.mechanisms_here()}
     for mechanism in patch.mechanisms:
         ranges = ", ".join(f"{dist} {spec}" for dist, spec in mechanism.affected.items())
@@ -96,6 +110,31 @@ def _describe(patch, write) -> None:
     if uncovered:
         write(f"    NOT COVERED: {uncovered}")
     write(f"    upstream: {patch.upstream}; fixed in: {patch.fixed_in or 'no release yet'}")
+
+
+def _error_line(exc: BaseException) -> str:
+    """One line for an exception from the user's code (``SystemExit(7)`` named as such: its text is just "7")."""
+    if isinstance(exc, SystemExit):
+        return f"it raised SystemExit({exc.code!r})"
+    if isinstance(exc, CheckerError):  # hotfix's own one-line reason
+        return str(exc)
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+
+
+def _number(what: str, low: float, above: bool):
+    """argparse type: a finite float >= low (> low where ``above``), or one usage line naming ``what``."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value) or value < low or (above and value == low):
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}")
+        return value
+
+    return parse
 
 
 def _byte_size(text: str) -> int:
@@ -119,13 +158,15 @@ def _add_check_arguments(p) -> None:
     p.add_argument("--modes", default="reentrant,non-reentrant,default",
                    help="comma list of reentrant, non-reentrant, default (default: all three)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--rtol", type=float, default=None, help="relative tolerance (default: by dtype)")
-    p.add_argument("--floor", type=float, default=None,
+    p.add_argument("--rtol", type=_number("a relative tolerance (a number >= 0)", 0, False), default=None,
+                   help="relative tolerance (default: by dtype)")
+    p.add_argument("--floor", type=_number("a fraction >= 0", 0, False), default=None,
                    help="fraction of the whole gradient's norm used as the least error scale (default 1e-3)")
     p.add_argument("--memory-limit", type=_byte_size, default=None,
                    help="RSS growth allowed per step, e.g. 4GiB (default: min(50%% of available memory, 8 GiB))")
-    p.add_argument("--time-limit", type=float, default=600.0, help="seconds per step (default 600)")
-    p.add_argument("--grace", type=float, default=60.0,
+    p.add_argument("--time-limit", type=_number("a number of seconds > 0", 0, True), default=600.0,
+                   help="seconds per step (default 600)")
+    p.add_argument("--grace", type=_number("a number of seconds >= 0", 0, False), default=60.0,
                    help="seconds a step over its limit gets to stop before the process exits with status 3 "
                         "(default 60)")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
@@ -147,7 +188,7 @@ def _check_child(argv: List[str], disabled: bool) -> dict:
 def check_model_command(args) -> int:
     import json
 
-    from hotfix.diagnostics.checker import MODES, CheckerError, check_model
+    from hotfix.diagnostics.checker import MODES, check_model
     from hotfix.diagnostics.compare import FLOOR
     from hotfix.diagnostics.factory import load_factory, unpack_factory_result
 
@@ -176,9 +217,9 @@ def check_model_command(args) -> int:
     try:
         factory = load_factory(args.target)
         model, batch, loss_fn = unpack_factory_result(factory())
-    except Exception as exc:
-        print(f"hotfix check-model: could not build model and batch from {args.target}: "
-              f"{type(exc).__name__}: {exc}", file=sys.stderr)
+    except (Exception, SystemExit) as exc:  # the user's code may call sys.exit(): still "could not check"
+        print(f"hotfix check-model: could not build model and batch from {args.target}: {_error_line(exc)}",
+              file=sys.stderr)
         return 2
     try:
         report = check_model(
@@ -189,6 +230,9 @@ def check_model_command(args) -> int:
         )
     except CheckerError as exc:
         print(f"hotfix check-model: {exc}", file=sys.stderr)
+        return 2
+    except (Exception, SystemExit) as exc:  # a model that breaks the check itself, or exits from a step
+        print(f"hotfix check-model: could not check {args.target}: {_error_line(exc)}", file=sys.stderr)
         return 2
     if args.json:
         data = report.to_dict()
@@ -202,8 +246,72 @@ def check_model_command(args) -> int:
     return 2 if report.reference.status != "reference" or not report.supported else 1
 
 
+#: 128 + SIGINT: the status a shell reports for a program ended by Ctrl-C
+INTERRUPTED = 130
+
+
+class _QuietWhenReaderGone:
+    """stdout for a command: once the reader has gone (``hotfix status | head -1``), the rest of the output is
+    dropped instead of raising BrokenPipeError, so the command ends with its own exit status and no traceback.
+
+    The descriptor is pointed at os.devnull, so the interpreter's last flush at exit finds nowhere to fail
+    (the recipe of Python's signal documentation, "Note on SIGPIPE").
+    """
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._reader_gone()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._reader_gone()
+
+    def _reader_gone(self) -> None:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, self._stream.fileno())
+        finally:
+            os.close(devnull)
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+def _version() -> str:
+    """``hotfix --version``: the distribution, its version, where this command runs from, and the Python."""
+    import hotfix
+
+    python = ".".join(map(str, sys.version_info[:3]))
+    return f"hotfix-checkpoint {hotfix.__version__} from {os.path.dirname(hotfix.__file__)} (Python {python})"
+
+
 def main(argv: Optional[List[str]] = None) -> int:
+    """The ``hotfix`` command; returns its exit status (argparse exits with 2 on a usage error)."""
+    stdout = sys.stdout
+    if stdout is not None:  # None under pythonw: print() already writes nowhere
+        sys.stdout = _QuietWhenReaderGone(stdout)
+    try:
+        return _run(argv)
+    except KeyboardInterrupt:
+        print("hotfix: interrupted", file=sys.stderr)
+        return INTERRUPTED
+    finally:
+        if stdout is not None:
+            sys.stdout.flush()  # here, not in the interpreter's last flush, where a gone reader is a traceback
+            sys.stdout = stdout
+
+
+def _run(argv: Optional[List[str]]) -> int:
     parser = argparse.ArgumentParser(prog="hotfix", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command")
     p_status = sub.add_parser("status", help="versions, known patches, what is applied here")
     p_status.add_argument("--no-import", action="store_true",
@@ -217,7 +325,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         "and batch returned by TARGET, and compare every parameter gradient. A parameter without a gradient is "
         "never equal to one whose gradient is zero. Exit status: 0 safe, 1 unsafe (missing/wrong gradients, "
         "crash, memory/time guard), 2 could not check (no model, no loss, the step without checkpointing fails, "
-        "no mode supported), 3 a step overran its guard inside one call and the process was ended. "
+        "no mode supported, TARGET failed or returned something else than documented), 3 a step overran its "
+        "guard inside one call and the process was ended, 130 interrupted (Ctrl-C). "
         "With --compare-hotfix the exit status is the with-hotfix run's (the run without hotfix is shown "
         "for comparison only).",
     )

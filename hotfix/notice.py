@@ -1,4 +1,4 @@
-"""What hotfix tells a user who configured nothing: its log lines, and one line when it first repairs.
+"""What hotfix tells a user who configured nothing: its log lines, and one line per fix when it first repairs.
 
 * ``HOTFIX_LOG_LEVEL`` must work in a script that never sets up logging (HF's
   example scripts call ``logging.basicConfig`` only after their imports, and
@@ -7,20 +7,38 @@
   logger a stderr handler of its own when the variable is set and nobody has
   configured a handler yet, and stops propagation so a later ``basicConfig``
   does not print every line twice.
-* The first time in a process that a fix actually changes a checkpointed call,
-  :meth:`RepairNotice.say` writes one line to stderr (what was repaired, the
-  upstream reference), the way unsloth announces its offload.  It is the only
-  line hotfix prints by default; ``HOTFIX_LOG_LEVEL=WARNING`` (or ERROR)
-  silences it.  Under torchrun only rank 0 prints it; DataLoader workers never
-  checkpoint, so they never do.
+* The first time a fix actually repairs a call (one the same run without hotfix
+  would get wrong), :meth:`RepairNotice.say` writes one line to stderr naming
+  that fix (what was repaired, the upstream reference), the way unsloth announces
+  its offload.  One line per fix, so each line names the fix that did the repair
+  (a run two fixes repair gets two); these are the only lines hotfix prints by
+  default, and ``HOTFIX_LOG_LEVEL=WARNING`` (or ERROR) silences them.
+* Once per fix per *job*, not per process.  Under torchrun (``RANK`` /
+  ``LOCAL_RANK`` set) only rank 0 speaks.  Processes that multiprocessing starts
+  (``torch.multiprocessing.spawn`` sets no ``RANK``; DataLoader workers) share
+  their parent's ``authkey`` (spawn and forkserver hand it on, fork inherits it),
+  a random secret each fresh interpreter draws: it names the job, whoever started
+  it and whether or not hotfix ran there.  The first process of a job to repair
+  with a fix claims that fix's line by creating a file (``O_EXCL``: exactly one
+  creator) in the job's folder, ``hotfix-notice-<hash of the key>`` in the
+  temporary folder (mode 0700, used only if it is this user's own folder); the
+  others stay silent.  The job's first process removes the folder when it exits,
+  if hotfix was loaded there; where it never was (it imports transformers only
+  in the spawned function), the folder of empty files stays for the system's
+  temporary-file cleaning, under a name no other job can draw.  Where no claim
+  can be made (no writable temporary folder) the process says its line: twice
+  is better than never.
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
+import stat
 import sys
 import threading
+from typing import FrozenSet, Optional
 
 from hotfix.config import LOG_LEVEL_VAR
 
@@ -40,8 +58,12 @@ def attach_stderr_handler(level: str) -> None:
     logger.propagate = False
 
 
-#: how the once-per-process line starts (doctor and the tests tell it from hotfix's problem lines by this)
-REPAIR_NOTICE = "hotfix: repaired a checkpointed call"
+#: how each "repaired" line starts (doctor and the tests tell it from hotfix's problem lines by this)
+REPAIR_NOTICE = "hotfix: repaired "
+#: what a fix repaired, unless it says otherwise (the transformers and unsloth checkpoint fixes)
+CHECKPOINTED_CALL = "a checkpointed call"
+#: the claims' file names start with this, in tempfile.gettempdir()
+CLAIM_PREFIX = "hotfix-notice-"
 
 
 def _is_main_rank(environ) -> bool:
@@ -49,25 +71,80 @@ def _is_main_rank(environ) -> bool:
     return rank in ("", "0")
 
 
+def job_folder() -> str:
+    """Where the claims of this job's lines live (the job: multiprocessing's authkey, see the module docstring)."""
+    import hashlib
+    import tempfile
+    from multiprocessing.process import current_process
+
+    digest = hashlib.sha256(bytes(current_process().authkey)).hexdigest()[:32]
+    return os.path.join(tempfile.gettempdir(), CLAIM_PREFIX + digest)
+
+
+def claim_path(patch_name: str) -> str:
+    """The file whose creation claims ``patch_name``'s line for this job."""
+    import hashlib
+
+    return os.path.join(job_folder(), hashlib.sha256(patch_name.encode()).hexdigest()[:32])
+
+
+def _claim(patch_name: str) -> bool:
+    """Is this process the first of its job to say ``patch_name``'s line?  (True also where no claim can be made.)"""
+    try:
+        path = claim_path(patch_name)
+        folder = os.path.dirname(path)
+        try:
+            os.mkdir(folder, 0o700)
+        except FileExistsError:
+            pass
+        info = os.lstat(folder)
+        if not stat.S_ISDIR(info.st_mode) or (hasattr(os, "geteuid") and info.st_uid != os.geteuid()):
+            return True  # a link, or another user's: no claim there
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+    except FileExistsError:
+        return False  # a process of this job said it
+    except Exception:  # no temporary folder, read-only, ...: say it
+        return True
+    return True
+
+
+def _remove_job_folder(pid: int) -> None:
+    """At exit of the job's first process (not of a fork of it, nor a process multiprocessing started): its claims go."""
+    process = sys.modules.get("multiprocessing.process")
+    if process is None or os.getpid() != pid or process.parent_process() is not None:
+        return  # never imported multiprocessing: no claim was made in this job
+    try:
+        folder = job_folder()
+        for name in os.listdir(folder):
+            os.unlink(os.path.join(folder, name))
+        os.rmdir(folder)
+    except Exception:
+        pass
+
+
 class RepairNotice:
-    """Says once per process that hotfix changed a checkpointed call."""
+    """Says once per fix and job that hotfix repaired a call."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self.said = False  # read without the lock on the hot path: a plain bool
+        #: the fixes that spoke in this process; replaced, never changed, so the hot path reads it without the lock
+        self.said: FrozenSet[str] = frozenset()
+        atexit.register(_remove_job_folder, os.getpid())  # this process may be the first of a job: its claims go
 
-    def say(self, patch_name: str, what: str, upstream: str) -> None:
+    def say(self, patch_name: str, what: str, upstream: str, call: Optional[str] = None) -> None:
         with self._lock:
-            if self.said:
+            if patch_name in self.said:
                 return
-            self.said = True
+            self.said = self.said | {patch_name}
         # (read plainly: an odd value was already reported once, by hotfix.config at activation)
         if os.environ.get(LOG_LEVEL_VAR, "").strip().upper() in SILENCING_LEVELS or not _is_main_rank(os.environ):
             return
+        if not _claim(patch_name):
+            return
         try:
             sys.stderr.write(
-                f"{REPAIR_NOTICE} ({what}; {patch_name}, {upstream}). "
-                f"Shown once per process; {LOG_LEVEL_VAR}=WARNING silences it.\n"
+                f"{REPAIR_NOTICE}{call or CHECKPOINTED_CALL} ({what}; {patch_name}, {upstream}). "
+                f"Shown once per fix; {LOG_LEVEL_VAR}=WARNING silences it.\n"
             )
         except Exception:  # a closed stderr must never break training
             pass

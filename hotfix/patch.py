@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import wrapt
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
 from hotfix.notice import repair_notice
 from hotfix.versions import reader, version_in_range
@@ -54,6 +55,31 @@ class Mechanism:
     fixed_in: Optional[str] = None
     summary: str = ""
     unreached: Mapping[str, str] = field(default_factory=dict)
+
+
+def _range_problems(ranges: Any, where: str) -> List[str]:
+    """Why ``ranges`` (distribution -> PEP 440 specifier set) cannot be read, one phrase per entry; [] when it can."""
+    if not isinstance(ranges, Mapping):
+        return [f"{where} is a {type(ranges).__name__}, not a mapping of distribution to specifier set"]
+    problems = []
+    for dist, spec in ranges.items():
+        if not isinstance(dist, str) or not dist:
+            problems.append(f"{where} names the distribution {dist!r}, not a distribution name")
+            continue
+        if not _is_specifier_set(spec):
+            problems.append(f"{where} range of {dist} {spec!r} is not a PEP 440 specifier set")
+    return problems
+
+
+def _is_specifier_set(spec: Any) -> bool:
+    """A string that parses as a specifier set (a list some packaging releases accept is not the declared form)."""
+    if not isinstance(spec, str):
+        return False
+    try:
+        SpecifierSet(spec)
+    except InvalidSpecifier:
+        return False
+    return True
 
 
 def check_range(affected: Mapping[str, str]) -> Verdict:
@@ -112,6 +138,12 @@ class Patch:
         self._installed: Dict[Tuple[int, str], Any] = {}
         self._warned: set = set()
         self.last_error: Optional[str] = None
+        # Said when the fix is loaded (its module creates this object), not first when its target is imported;
+        # a declaration a subclass completes after this call is read again by check().
+        try:
+            self.declaration_error()
+        except Exception:
+            pass
 
     # -- what a concrete patch writes ------------------------------------
     def _apply(self, module: Any) -> None:
@@ -164,18 +196,20 @@ class Patch:
         _, _, original = wrapt.resolve_path(owner, attribute)
         return self.replace(owner, attribute, wrapt.FunctionWrapper(original, wrapper))
 
-    def repaired(self, what: str) -> None:
-        """Tell the user, once per process, that this fix changed a call (``hotfix.notice``).
+    def repaired(self, what: str, call: Optional[str] = None) -> None:
+        """Tell the user, once per fix and job, that this fix repaired a call (``hotfix.notice``).
 
-        Cheap after the first time (one attribute read), and silent while
-        torch.compile traces: a write to stderr there would be a graph break.
+        Call it only where the same run without hotfix would have been wrong (crashed, or a
+        gradient missing or different): the line says "repaired" and names this fix.  ``call``:
+        what was repaired, when not "a checkpointed call".  Cheap after the first time (a set
+        lookup), and silent while torch.compile traces: a write to stderr there would be a graph break.
         """
-        if repair_notice.said:
+        if self.name in repair_notice.said:
             return
         torch = sys.modules.get("torch")
         if torch is not None and torch.compiler.is_compiling():
             return
-        repair_notice.say(self.name, what, self.upstream)
+        repair_notice.say(self.name, what, self.upstream, call)
 
     def warn_once(self, key: Any, message: str) -> None:
         """One warning line per ``key`` for the life of this patch object (a case it cannot repair, say)."""
@@ -186,6 +220,34 @@ class Patch:
         logger.warning("hotfix: %s: %s", self.name, message)
 
     # -- public API (owns the checks) -----------------------------------
+    def declaration_error(self) -> Optional[str]:
+        """Why this fix's declarations cannot be read (the fix is then never applied), or None.
+
+        A range that does not parse would otherwise read as "outside the range": the fix silently
+        never applies and ``hotfix status`` says "not needed here".  Said once, as a warning.
+        """
+        problems: List[str] = []
+        if not isinstance(self.targets, (tuple, list)) or not all(isinstance(t, str) and t for t in self.targets):
+            problems.append(f"targets {self.targets!r} is not a tuple of module names")
+        if self.affected or not isinstance(self.affected, Mapping):
+            problems += _range_problems(self.affected, "affected")
+        if isinstance(self.mechanisms, Mechanism):  # the trailing comma of (Mechanism(...),) forgotten
+            problems.append(f"mechanisms is the Mechanism {self.mechanisms.name!r} alone, not a tuple of them")
+        elif not isinstance(self.mechanisms, (tuple, list)):
+            problems.append(f"mechanisms is a {type(self.mechanisms).__name__}, not a tuple of hotfix.Mechanism")
+        else:
+            for index, mechanism in enumerate(self.mechanisms):
+                if not isinstance(mechanism, Mechanism):
+                    problems.append(f"mechanisms[{index}] is a {type(mechanism).__name__}, not a hotfix.Mechanism")
+                    continue
+                problems += _range_problems(mechanism.affected, f"mechanism {mechanism.name!r}: affected")
+                problems += _range_problems(mechanism.unreached, f"mechanism {mechanism.name!r}: unreached")
+        if not problems:
+            return None
+        error = "invalid declaration: " + "; ".join(problems)
+        self.warn_once(error, f"{error}; not applied")
+        return error
+
     def check(self) -> Verdict:
         """Does this patch belong here?  Decided from the installed versions.
 
@@ -195,7 +257,11 @@ class Patch:
         (``hotfix.versions``).  Where neither gives one that parses, the version
         cannot rule the patch out: the verdict says so and :meth:`apply` lets
         the drift check, which reads the target's actual code, decide.
+        A declaration that cannot be read never applies (:meth:`declaration_error`).
         """
+        error = self.declaration_error()
+        if error:
+            return Verdict(False, error)
         if not self.mechanisms:
             return check_range(self.affected)
         verdicts = [(mechanism.name, check_range(mechanism.affected)) for mechanism in self.mechanisms]
@@ -206,6 +272,8 @@ class Patch:
 
     def mechanisms_here(self) -> Tuple[Mechanism, ...]:
         """The declared mechanisms whose affected range holds the installed versions."""
+        if self.declaration_error():
+            return ()
         return tuple(m for m in self.mechanisms if check_range(m.affected).applies)
 
     def uncovered_here(self) -> Optional[str]:
@@ -214,20 +282,22 @@ class Patch:
         Only where the fix does not apply at all (``Mechanism.unreached`` holds the installed
         versions for some mechanism): where it applies, the mechanisms it repairs are the news.
         """
-        if self.check().applies:
+        if self.check().applies or self.declaration_error():
             return None
         groups: Dict[str, List[str]] = {}  # the versions and the reach, said once -> mechanism names
         for mechanism in self.mechanisms:
             if mechanism.unreached and check_range(mechanism.unreached).applies:
                 found = ", ".join(f"{dist} {reader.evidence(dist).version}" for dist in mechanism.unreached)
                 reached = ", ".join(f"{dist} {spec}" for dist, spec in mechanism.affected.items())
-                groups.setdefault(f"{found} is older than this fix reaches ({reached})", []).append(mechanism.name)
+                groups.setdefault(f"{found} is outside what this fix reaches ({reached})", []).append(mechanism.name)
         return "; ".join(f"{where}: {', '.join(names)} may be broken here, unrepaired"
                          for where, names in groups.items()) or None
 
     @property
     def distributions(self) -> Tuple[str, ...]:
-        """Every distribution a range of this patch names."""
+        """Every distribution a range of this patch names (none where its declarations cannot be read)."""
+        if self.declaration_error():
+            return ()
         names = dict.fromkeys(self.affected)
         for mechanism in self.mechanisms:
             names.update(dict.fromkeys(mechanism.affected))

@@ -7,7 +7,11 @@ third-party package can ship its own fixes by declaring, in its pyproject::
     my-fix = "my_pkg.my_fix:patch"        # a Patch instance (or a Patch subclass)
 
 The distribution that declared each fix is recorded (``hotfix status`` shows
-it).  Each patch is attached with a wrapt post-import hook on every module in its
+it).  A source checkout run without installing it has no metadata at all: there
+hotfix-checkpoint's own fixes are found by the rule its pyproject table follows
+(``built_in_fixes``; a test holds the two equal).
+
+Each patch is attached with a wrapt post-import hook on every module in its
 ``targets``: the hook runs at once if the module is already imported (a
 notebook that imported transformers before hotfix) and otherwise right after
 the module's first import.  wrapt cannot unregister a hook, so the hook asks
@@ -23,6 +27,7 @@ from typing import Dict, List, Optional, Tuple
 
 import wrapt
 
+from hotfix import DISTRIBUTION
 from hotfix.config import DISABLED_PATCHES_VAR, Settings, normalize_patch_name, read_settings
 from hotfix import reload_watch
 from hotfix.notice import attach_stderr_handler
@@ -44,7 +49,33 @@ def declared_fixes() -> Dict[str, Tuple[str, Optional[str]]]:
     found: Dict[str, Tuple[str, Optional[str]]] = {}
     for ep, distribution in selected:
         found.setdefault(ep.name, (ep.value, distribution))
+    if not any(distribution == DISTRIBUTION for _, distribution in selected):
+        # hotfix-checkpoint itself is not installed here: a checkout run from its root (`python -m hotfix`)
+        for name, value in built_in_fixes().items():
+            found.setdefault(name, (value, DISTRIBUTION))
     return found
+
+
+def built_in_fixes() -> Dict[str, str]:
+    """hotfix-checkpoint's own fixes, ``name -> module:attr``, by the rule of pyproject's table.
+
+    Each public module of ``hotfix.patches`` is one fix, named as the module with ``-`` for
+    ``_``, its Patch the module's ``patch``.  Only where no metadata declares them
+    (``declared_fixes``); tests/e2e/test_packaging.py checks the rule yields pyproject's table.
+    """
+    import importlib
+    import pkgutil
+
+    package = importlib.import_module(f"{__package__}.patches")
+    return {info.name.replace("_", "-"): f"{package.__name__}.{info.name}:patch"
+            for info in pkgutil.iter_modules(package.__path__) if not info.name.startswith("_")}
+
+
+def _fix_kind(name: str, value: str, distribution: Optional[str]) -> str:
+    """How a log line names a fix: hotfix's own, or another distribution's."""
+    if distribution == DISTRIBUTION:
+        return f"fix {name!r} ({value})"
+    return f"third-party fix {name!r} ({value}) from distribution {distribution or 'unknown'}"
 
 
 def _load_entry_point(name: str, value: str) -> Optional[Patch]:
@@ -66,7 +97,7 @@ class Registry:
         self._hooked: set = set()
         self.active = False
         self.settings = Settings()
-        self.load_errors: Dict[str, str] = {}
+        self.load_errors: Dict[str, str] = {}  # entry point name -> "<how the fix is named>: <error>"
         self.sources: Dict[str, Optional[str]] = {}  # patch key -> the distribution that declared it
 
     # -- discovery ----------------------------------------------------------
@@ -84,11 +115,9 @@ class Registry:
                     try:
                         patch = _load_entry_point(ep_name, value)
                     except Exception as exc:
-                        self.load_errors[ep_name] = repr(exc)
-                        logger.warning(
-                            "hotfix: plugin patch %r (%s) could not be loaded and is skipped: %r",
-                            ep_name, value, exc,
-                        )
+                        self.load_errors[ep_name] = f"{_fix_kind(ep_name, value, distribution)}: {exc!r}"
+                        logger.warning("hotfix: %s could not be loaded and is skipped: %r",
+                                       _fix_kind(ep_name, value, distribution), exc)
                         continue
                     key = normalize_patch_name(patch.name)
                     if key in patches:

@@ -8,23 +8,26 @@ arrives by keyword, inside a container, in a shared mapping or in a transformers
 history ("Trying to backward through the graph a second time").  ``lift_closure_tensors`` rewrites
 the call so that those tensors travel as extra positional inputs; the checkpoint's forward calls
 the layer with the original objects, the recomputation with rebuilt copies holding the inputs'
-twins (a Cache as a shallow copy whose entries hold them, so it is never appended to twice).  A
-cache without a ``layers`` list is left as it is.  docs/fixes/transformers-checkpoint-layer-io.md.
+twins (``_structure.rebuild``: containers and caches copied, so the recomputation never writes
+into the caller's).  What counts as a container is ``_structure``'s one definition.
+:func:`anchored` adds a 0-byte input needing grad, for the fixes that must make a checkpoint node
+exist (or make its first input need grad).  docs/fixes/transformers-checkpoint-layer-io.md.
 """
 
 from __future__ import annotations
 
-import copy
 import functools
-import sys
-from collections.abc import Mapping, MutableMapping
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import torch
 
-from hotfix.patches._private_copy import private_mapping
+from hotfix.patches._structure import find_grad_tensors, hides_nothing, rebuild
 
-__all__ = ["lift_closure_tensors", "find_grad_tensors", "hides_nothing", "is_reentrant", "layer_call", "map_structure"]
+__all__ = ["anchored", "first_input_needs_grad", "lift_closure_tensors", "find_grad_tensors", "hides_nothing",
+           "is_reentrant", "layer_call", "map_structure"]
+
+#: the one rebuild of a structure (``_structure.rebuild``), under the name tools/ use
+map_structure = rebuild
 
 
 def is_reentrant(checkpoint: Any, kwargs: dict) -> bool:
@@ -49,139 +52,40 @@ def layer_call(function: Any) -> Any:
     return function
 
 
-def find_grad_tensors(value: Any, found: List[torch.Tensor], seen: set) -> None:
-    """Collect tensors that require grad in ``value`` (tensors, tuples, lists, mappings, caches).
-
-    Each tensor is collected once (by identity) even when it occurs several times.
-    """
-    if isinstance(value, torch.Tensor):  # most values: answered without the container checks below
-        if value.requires_grad and id(value) not in seen:
-            seen.add(id(value))
-            found.append(value)
-    elif value is None or isinstance(value, (bool, int, float, str)):
-        return
-    elif isinstance(value, (tuple, list)):
-        for item in value:
-            find_grad_tensors(item, found, seen)
-    elif isinstance(value, Mapping):
-        for item in value.values():
-            find_grad_tensors(item, found, seen)
-    else:
-        for entry in _cache_entries(value):
-            find_grad_tensors(list(_tensors_of(entry).values()), found, seen)
-
-
-def _cache_entries(value: Any) -> list:
-    """The per-layer entries of a transformers ``Cache`` (``cache.layers``), else ``[]``.
-
-    Looked up in ``sys.modules``, never imported: a cache exists only where
-    transformers is loaded already.
-    """
-    cache_class = getattr(sys.modules.get("transformers.cache_utils"), "Cache", None)
-    if cache_class is None or not isinstance(value, cache_class):
-        return []
-    entries = getattr(value, "layers", None)
-    return entries if isinstance(entries, list) else []
-
-
-def _tensors_of(entry: Any) -> dict:
-    """The tensors a cache entry holds as attributes (``keys``, ``values``, ...), by attribute name."""
-    return {name: item for name, item in getattr(entry, "__dict__", {}).items() if isinstance(item, torch.Tensor)}
-
-
-def _cache_with(cache: Any, replacement: dict) -> Any:
-    """``cache`` itself, or where it holds a lifted tensor a shallow copy whose entries hold their twins."""
-    entries = _cache_entries(cache)
-    if not any(id(item) in replacement for entry in entries for item in _tensors_of(entry).values()):
-        return cache
-    twins = []
-    for entry in entries:
-        twin = copy.copy(entry)
-        for name, item in _tensors_of(entry).items():
-            if id(item) in replacement:
-                setattr(twin, name, replacement[id(item)])
-        twins.append(twin)
-    rebuilt = copy.copy(cache)
-    rebuilt.layers = twins
-    return rebuilt
-
-
-def map_structure(value: Any, is_leaf: Callable[[Any], bool], fn: Callable[[Any], Any]) -> Any:
-    """``value`` rebuilt with ``fn`` applied to every leaf, through tuples, lists and mappings.
-
-    Containers are rebuilt with their own type, so named tuples and dict
-    subclasses (``ModelOutput``-like) keep their class; another mutable mapping
-    (``UserDict``: ``KVSharingDict``) becomes a shallow copy of itself with its
-    values rebuilt, never the original changed.
-    """
-    if is_leaf(value):
-        return fn(value)
-    if isinstance(value, tuple):
-        items = [map_structure(item, is_leaf, fn) for item in value]
-        if hasattr(value, "_fields"):  # named tuple: positional constructor
-            return type(value)(*items)
-        return type(value)(items)
-    if isinstance(value, list):
-        return type(value)(map_structure(item, is_leaf, fn) for item in value)
-    if isinstance(value, dict):
-        rebuilt = {key: map_structure(item, is_leaf, fn) for key, item in value.items()}
-        if type(value) is dict:
-            return rebuilt
-        try:
-            return type(value)(rebuilt)
-        except Exception:  # a dict subclass with its own constructor: keep a plain dict
-            return rebuilt
-    if isinstance(value, MutableMapping):
-        rebuilt = {key: map_structure(item, is_leaf, fn) for key, item in value.items()}
-        twin = private_mapping(value)  # a copy whose writes cannot reach the original's storage
-        if twin is None:
-            return rebuilt  # no private copy: a plain dict with its items, never the original changed
-        try:
-            twin.update(rebuilt)
-        except Exception:
-            return rebuilt
-        return twin
-    return value
-
-
-def _is_tensor_or_cache(value: Any) -> bool:
-    return isinstance(value, torch.Tensor) or bool(_cache_entries(value))
+def _is_tensor(value: Any) -> bool:
+    return isinstance(value, torch.Tensor)
 
 
 def _substitute(value: Any, replacement: dict) -> Any:
-    """Rebuild ``value`` with each lifted tensor swapped for its recomputation twin (in caches too)."""
-
-    def swap(leaf: Any) -> Any:
-        if isinstance(leaf, torch.Tensor):
-            return replacement.get(id(leaf), leaf)
-        return _cache_with(leaf, replacement)
-
-    return map_structure(value, _is_tensor_or_cache, swap)
+    """``value`` rebuilt with each lifted tensor swapped for its recomputation twin (in caches too)."""
+    return rebuild(value, _is_tensor, lambda tensor: replacement.get(id(tensor), tensor))
 
 
-def _plain(value: Any) -> bool:
-    """A value nothing can hide in: a tensor that needs no grad, None, or a scalar."""
-    if isinstance(value, torch.Tensor):
-        return not value.requires_grad
-    return value is None or isinstance(value, (bool, int, float, str))
+def anchored(function: Callable, inputs: Sequence[Any], first: bool = False) -> Tuple[Callable, Tuple[Any, ...]]:
+    """``(function', inputs')``: ``inputs`` with a 0-byte leaf needing grad added, dropped again before ``function``.
 
-
-def hides_nothing(function: Any, inputs: Sequence[Any]) -> bool:
-    """Can nothing reach the layer except as a positional tensor?  The common call, answered cheaply.
-
-    True when every value bound in the ``partial`` is plain (or a plain tuple/list of plain values)
-    and every positional input is a tensor or plain: then there is no tensor needing grad for
-    ``lift_closure_tensors`` and no mapping for the shared-state watcher.  False only means
-    "look closer".
+    Last by default; ``first`` where the checkpoint's backward returns gradients for its later
+    inputs only when the first one needs grad (``_unsloth_checkpoint_shape.FirstInputRule``).
     """
-    if isinstance(function, functools.partial):
-        for value in (*function.args, *function.keywords.values()):
-            if not _plain(value) and not (type(value) in (tuple, list) and all(_plain(item) for item in value)):
-                return False
-    for value in inputs:
-        if not isinstance(value, torch.Tensor) and not _plain(value):
-            return False
-    return True
+    device = next((item.device for item in inputs if isinstance(item, torch.Tensor)), None)
+    anchor = torch.empty(0, device=device, requires_grad=True)
+    if first:
+        def run_after_anchor(_anchor, *all_inputs):
+            return function(*all_inputs)
+
+        return run_after_anchor, (anchor, *inputs)
+    count = len(inputs)
+
+    def run_without_anchor(*all_inputs):
+        return function(*all_inputs[:count])
+
+    return run_without_anchor, (*inputs, anchor)
+
+
+def first_input_needs_grad(inputs: Sequence[Any]) -> bool:
+    """Is a checkpoint call's first input a tensor that needs grad?"""
+    first = inputs[0] if inputs else None
+    return isinstance(first, torch.Tensor) and first.requires_grad
 
 
 def lift_closure_tensors(

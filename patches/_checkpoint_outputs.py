@@ -5,23 +5,27 @@ return ``((hidden,), height, width)`` and every parameter before the last stage 
 :class:`FlatOutputs` runs the layer and, when its output nests a tensor (or the layer wrote into a
 shared mapping, ``_checkpoint_shared_state``), returns all of them as one flat tuple, remembering
 the structure without the tensors; :meth:`FlatOutputs.rebuild` puts the checkpoint's connected
-outputs back into it and replays the mapping writes.  The engine hands a Function zeros for an
+outputs back into it and replays the mapping writes.  Only a tuple is the top level: a layer
+returning a list or a mapping has every tensor cut off.  The engine hands a Function zeros for an
 output the loss never used, so the recomputation gave its producers zero gradients where a run
 without checkpointing leaves None (LiLT's last layout stream): :meth:`FlatOutputs.watch_unused`
-hooks the outputs and the recomputation returns such an output detached.
+hooks the outputs and the recomputation returns such an output detached.  That changes a result
+only where a parameter is reached through nothing else (attention weights returned beside the
+hidden states reach the same parameters as the hidden states do): the notice is given only when,
+at the end of that backward, such a parameter has no gradient (:func:`_notice_if_left_without`).
 docs/fixes/transformers-checkpoint-layer-io.md.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Iterator, List, Optional, Set
+from typing import Any, Callable, Iterator, List, Optional, Sequence, Set
 
 import torch
 
-from hotfix.patches._checkpoint_inputs import map_structure
+from hotfix.patches._structure import holds_tensor, rebuild
 
-__all__ = ["FlatOutputs", "holds_tensor"]
+__all__ = ["FlatOutputs"]
 
 
 class _Leaf:
@@ -34,32 +38,25 @@ _LEAF = _Leaf()
 
 
 def _has_nested_tensor(value: Any) -> bool:
-    """Does ``value`` hold a tensor that the checkpoint would not see (below its top level)?"""
+    """Does ``value`` hold a tensor that the checkpoint would not see (below its top level)?
+
+    An ``autograd.Function`` connects the tensors of a returned tuple (a named tuple too); a list, a
+    mapping or a Cache returned is one object to it, every tensor inside cut off.
+    """
     if isinstance(value, torch.Tensor):
         return False
-    if isinstance(value, (tuple, list)):
+    if isinstance(value, tuple):
         return any(not isinstance(item, torch.Tensor) and holds_tensor(item) for item in value)
-    return holds_tensor(value)  # a dict (ModelOutput) at the top: none of its tensors is an output
-
-
-def holds_tensor(value: Any) -> bool:
-    """Is there a tensor in ``value`` (through tuples, lists and dicts)?"""
-    if isinstance(value, torch.Tensor):
-        return True
-    if isinstance(value, (tuple, list)):
-        return any(holds_tensor(item) for item in value)
-    if isinstance(value, dict):
-        return any(holds_tensor(item) for item in value.values())
-    return False
+    return holds_tensor(value)
 
 
 def _skeleton(value: Any, leaves: List[torch.Tensor]) -> Any:
     """``value`` with every tensor replaced by a marker; the tensors appended to ``leaves`` in order."""
-    return map_structure(value, _is_tensor, lambda tensor: (leaves.append(tensor), _LEAF)[1])
+    return rebuild(value, _is_tensor, lambda tensor: (leaves.append(tensor), _LEAF)[1])
 
 
 def _fill(skeleton: Any, tensors: Iterator[torch.Tensor]) -> Any:
-    return map_structure(skeleton, _is_leaf_marker, lambda _marker: next(tensors))
+    return rebuild(skeleton, _is_leaf_marker, lambda _marker: next(tensors))
 
 
 def _is_tensor(value: Any) -> bool:
@@ -70,11 +67,51 @@ def _is_leaf_marker(value: Any) -> bool:
     return value is _LEAF
 
 
+def _reached_only_through(dropped: Sequence[torch.Tensor], inputs: Sequence[Any]) -> List[torch.Tensor]:
+    """The leaves needing grad (parameters) behind ``dropped`` that are not the call's own ``inputs``.
+
+    Walked from the dropped outputs' graph only: these are what upstream's zeros would have reached.
+    """
+    own = {id(item) for item in inputs if isinstance(item, torch.Tensor)}
+    stack = [tensor.grad_fn for tensor in dropped]
+    seen: set = set()
+    leaves: List[torch.Tensor] = []
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        variable = getattr(node, "variable", None)  # AccumulateGrad: a leaf
+        if isinstance(variable, torch.Tensor):
+            if id(variable) not in own:
+                leaves.append(variable)
+            continue
+        stack.extend(following for following, _ in node.next_functions)
+    return leaves
+
+
+def _notice_if_left_without(leaves: List[torch.Tensor], notice: Callable[[], None]) -> None:
+    """After this backward, ``notice()`` if one of ``leaves`` has no gradient: upstream it would have had zeros.
+
+    A leaf that got a gradient elsewhere (the same parameter used by the outputs the loss did use, or
+    by another layer) would have had it upstream too, plus zeros: the same result, nothing repaired.
+    """
+    def check() -> None:
+        if any(leaf.grad is None for leaf in leaves):
+            notice()
+
+    try:
+        torch.autograd.Variable._execution_engine.queue_callback(check)
+    except RuntimeError:  # not inside a backward (a recomputation called by hand): nothing to say
+        pass
+
+
 class FlatOutputs:
     """``function`` returning its tensors as one flat tuple when its output nests them.
 
     ``writes``: the watcher of the same call, whose stored tensors become outputs too.
-    ``notice``: called when a recomputation leaves an unused output without a gradient.
+    ``notice``: called (at the end of that backward) when detaching an unused output left a parameter
+    without the zero gradient upstream gives it; None: not asked.
     """
 
     def __init__(self, function: Callable, writes: Optional[Any] = None,
@@ -101,10 +138,13 @@ class FlatOutputs:
             output = tuple(leaves + (written.tensors if written is not None else []))
         if self._unused and isinstance(output, tuple):  # only ever set in backward: this is the recomputation
             unused, self._unused = self._unused, set()
+            dropped = [item for i, item in enumerate(output) if i in unused and isinstance(item, torch.Tensor)]
+            if self._notice is not None:
+                leaves = _reached_only_through(dropped, args)
+                if leaves:
+                    _notice_if_left_without(leaves, self._notice)
             output = tuple(item.detach() if i in unused and isinstance(item, torch.Tensor) else item
                            for i, item in enumerate(output))
-            if self._notice is not None:
-                self._notice()
         return output
 
     def watch_unused(self, result: Any) -> None:

@@ -8,7 +8,11 @@ workers would carry it).  A data descriptor on the module's class wins over the 
 original or a copy, returns it wrapped.  Slots of several fixes on one class's MRO compose
 in a fixed order (by ``rank``, outermost highest), whichever classes hold them; each fix
 installs and reverts only its own.  Under ``torch.compile`` the raw function is handed out:
-dynamo traces the checkpoint itself, where the reentrant bugs do not exist.
+dynamo traces the checkpoint itself, where the reentrant bugs do not exist.  Dynamo inlines the
+slot's ``__get__``; there the function comes from the slot (the one function every module it
+answers for holds, recorded as they store it), not from ``instance.__dict__``: torch 2.11's dynamo
+answers ``instance.__dict__[name]`` by reading the attribute ``name``, i.e. through this slot again,
+without end (RecursionError), and a record per module would make dynamo compile each layer apart.
 :class:`SlotCoverage` puts one fix's slot on the classes that hold a checkpoint function, after
 transformers' enablers set it (and on unpickling, and for models built before activation).
 """
@@ -16,6 +20,7 @@ transformers' enablers set it (and on unpickling, and for models built before ac
 from __future__ import annotations
 
 import types
+import weakref
 from typing import Any, Callable, Iterator, Optional, Tuple
 
 import wrapt
@@ -51,6 +56,15 @@ def slots_on(cls: type) -> Tuple["CheckpointFunctionSlot", ...]:
     return tuple(sorted(found, key=lambda s: s.rank))
 
 
+def _first_slot(cls: type) -> Optional["CheckpointFunctionSlot"]:
+    """The slot Python's attribute lookup finds on ``cls`` (the first class of its MRO defining ``ATTRIBUTE``)."""
+    for klass in cls.__mro__:
+        if ATTRIBUTE in klass.__dict__:
+            found = klass.__dict__[ATTRIBUTE]
+            return found if isinstance(found, CheckpointFunctionSlot) else None
+    return None
+
+
 class CheckpointFunctionSlot:
     """Data descriptor for ``ATTRIBUTE`` on ``owner``: reads return the stored function wrapped."""
 
@@ -66,15 +80,27 @@ class CheckpointFunctionSlot:
         # Every module of a model holds the same function object, so one cached
         # (function, slots, wrapper) triple serves them all.
         self._cache: tuple = (None, None, None)
+        # module -> the function in its __dict__ (filled where a function is stored through this slot, by
+        # SlotCoverage.cover for functions stored before the slot stood there, and by reads outside
+        # compile), and the one function they all hold (``self`` where they differ or none is known): what
+        # a read under torch.compile hands out (see the module docstring).
+        self._held: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
+        self._common: Any = self
 
     def __get__(self, instance: Any, owner: Optional[type] = None) -> Any:
         if instance is None:
             return self
-        raw = instance.__dict__.get(ATTRIBUTE)
-        if raw is None or self._is_compiling():
+        if self._is_compiling():
             # Unset reads as None, not AttributeError: a class attribute shows in dir(), and code that
             # getattr()s everything dir() lists (dynamo's graph assembly does) must not fail on it.
+            # Modules holding different functions (or none recorded: a layer copied on its own, compiled
+            # before any eager step) fall back to __dict__, which the dynamo of torch >= 2.13 reads itself.
+            common = self._common
+            return instance.__dict__.get(ATTRIBUTE) if common is self else common
+        raw = instance.__dict__.get(ATTRIBUTE)
+        if raw is None:
             return raw
+        self.hold(instance, raw)
         slots = slots_on(type(instance))
         cached_raw, cached_slots, cached_wrapper = self._cache
         if cached_raw is raw and cached_slots == slots:
@@ -87,12 +113,33 @@ class CheckpointFunctionSlot:
 
     def __set__(self, instance: Any, value: Any) -> None:
         instance.__dict__[ATTRIBUTE] = value
+        self.hold(instance, value)
 
     def __delete__(self, instance: Any) -> None:
         try:
             del instance.__dict__[ATTRIBUTE]
         except KeyError:
             raise AttributeError(ATTRIBUTE) from None
+        self._held.pop(instance, None)
+        self._settle()
+
+    def hold(self, instance: Any, raw: Any) -> None:
+        """Record ``raw`` as what ``instance`` holds (read back under torch.compile)."""
+        try:
+            if self._held.get(instance, self) is raw:
+                return
+            self._held[instance] = raw
+        except TypeError:  # a module class that is not hashable: compiled reads fall back to __dict__
+            self._common = self
+            return
+        self._settle()
+
+    def _settle(self) -> None:
+        try:
+            functions = {id(raw): raw for raw in self._held.values()}
+        except RuntimeError:  # another thread changed the record meanwhile: compiled reads fall back to __dict__
+            functions = {}
+        self._common = next(iter(functions.values())) if len(functions) == 1 else self
 
 
 def setter_drift(module: Any) -> Optional[str]:
@@ -142,7 +189,17 @@ class SlotCoverage:
 
     def cover(self, model: Any) -> None:
         """Install the slot on the class of every module of ``model`` that holds a checkpoint function."""
-        classes = {type(module) for module in model.modules() if ATTRIBUTE in module.__dict__}
+        holders = [module for module in model.modules() if ATTRIBUTE in module.__dict__]
+        classes = {type(module) for module in holders}
+        self._install(classes)
+        # What each module held before a slot stood on its class (or before it was unpickled), recorded
+        # by the slot that now answers its reads.
+        for module in holders:
+            slot = _first_slot(type(module))
+            if slot is not None:
+                slot.hold(module, module.__dict__[ATTRIBUTE])
+
+    def _install(self, classes: set) -> None:
         with self.patch._lock:
             for cls in classes:
                 if any(slot.wrapper is self.wrapper for slot in slots_on(cls)):

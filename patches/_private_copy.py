@@ -37,7 +37,10 @@ def _is_private(twin: MutableMapping, original: MutableMapping) -> bool:
 def private_mapping(value: MutableMapping) -> Optional[MutableMapping]:
     """A copy of ``value`` (same type, same items) that shares no storage with it, or None."""
     if isinstance(value, dict):
-        return copy.copy(value)  # dict subclasses too: their items live in the object itself
+        try:
+            return copy.copy(value)  # dict subclasses too: their items live in the object itself
+        except Exception:  # a dict subclass that cannot be copied: no private copy
+            return None
     try:
         twin = copy.copy(value)
         if twin is not value and _is_private(twin, value):

@@ -1,15 +1,59 @@
-"""What both unsloth-zoo fixes rely on in ``UnslothCheckpointFunction`` (a helper, not a fix).
+"""What the fixes rely on in unsloth-zoo's ``UnslothCheckpointFunction`` (a helper, not a fix).
 
-Kept beside the fixes that use it, so neither fix imports the other.
+Kept beside the fixes that use it, so no fix imports another: both unsloth-zoo fixes check its
+shape here, and every fix that adds a checkpoint input asks :class:`FirstInputRule` where to put it.
 """
 
 from __future__ import annotations
 
 import inspect
+import sys
 import types
-from typing import Any, Optional
+from typing import Any, Optional, Tuple
 
+from hotfix.patch import check_range
+
+MODULE = "unsloth_zoo.gradient_checkpointing"
 CLASS_NAME = "UnslothCheckpointFunction"
+
+#: The releases whose ``UnslothCheckpointFunction.backward`` returns one gradient (``return None``) whenever
+#: its first input needs none, however many inputs the call has: it decides from ``args[0]`` alone whether
+#: the node needs a backward (census, docs/versions.md: frozen-first-input; 2026.8.11 decides from every input).
+#: unsloth-zoo-offload-backward's mechanism of that name is this range.
+FIRST_INPUT_ONLY = {"unsloth-zoo": ">=2025.1.1,<2026.8.11"}
+
+#: set on a backward that returns a gradient for every input (unsloth-zoo-offload-backward's replacement)
+EVERY_GRADIENT = "hotfix_returns_every_gradient"
+
+
+class FirstInputRule:
+    """Must a checkpoint input that a fix adds come after a first input that needs grad?
+
+    Where an affected release's own backward is in place (unsloth-zoo-offload-backward opted out, or not
+    applied), a call whose first input needs no grad but a later one does gets one gradient back
+    for all of its inputs: "UnslothCheckpointFunctionBackward returned an incorrect number of
+    gradients".  A fix that adds an input needing grad behind a frozen first input (the frozen-inputs
+    anchor, lifted closure tensors) then puts a 0-byte anchor first instead
+    (``_checkpoint_inputs.anchored(first=True)``): the node's backward returns every gradient.  Wherever
+    such a release is loaded, whichever checkpoint function the call goes through (the anchor first is
+    harmless to any other).  The answer is kept per ``backward`` object: decided once, re-decided when
+    a fix replaces or restores it.
+    """
+
+    def __init__(self) -> None:
+        self._known: Tuple[Any, bool] = (None, False)
+
+    def needs_grad_first(self) -> bool:
+        cls = getattr(sys.modules.get(MODULE), CLASS_NAME, None)
+        if not isinstance(cls, type):
+            return False  # unsloth-zoo's checkpoint is not loaded: no call reaches it
+        backward = cls.__dict__.get("backward")
+        known, answer = self._known
+        if backward is None or backward is not known:
+            function = getattr(backward, "__func__", backward)
+            answer = not getattr(function, EVERY_GRADIENT, False) and check_range(FIRST_INPUT_ONLY).applies
+            self._known = (backward, answer)
+        return answer
 
 
 def checkpoint_function_drift(module: Any) -> Optional[str]:

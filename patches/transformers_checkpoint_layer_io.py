@@ -1,18 +1,18 @@
 """transformers >= 4.35: a reentrant-checkpointed layer's inputs and outputs that the checkpoint cannot see.
 
-What breaks: ``GradientCheckpointingLayer`` (4.52+) checkpoints ``partial(layer, **kwargs)`` with
-only the positional tensors as inputs.  Under reentrant checkpointing a tensor needing grad
-that reaches the layer any other way (by keyword, in a container, in a shared mapping, in a
-Cache) is re-walked by every recomputation ("Trying to backward through the graph a second
-time", Whisper) or cut off (silent missing gradients, LayoutLM).  On every release, also where a
-model calls ``self._gradient_checkpointing_func(layer.__call__, ...)`` itself, outputs nested below
-the top level are cut off (pvt_v2, LiLT), tensors stored into a shared mapping are constants
+What breaks: ``GradientCheckpointingLayer`` (4.52+) checkpoints ``partial(layer, **kwargs)`` with only
+the positional tensors as inputs.  Under reentrant checkpointing a tensor needing grad that reaches the
+layer any other way (by keyword, in a container, a shared mapping or a Cache) is re-walked by every
+recomputation ("Trying to backward through the graph a second time", Whisper) or cut off (LayoutLM).
+On every release, also where a model calls ``self._gradient_checkpointing_func(layer.__call__, ...)``
+itself, nested outputs are cut off (pvt_v2, LiLT), tensors stored into a shared mapping are constants
 (Gemma-3n/4 KV sharing), and a discarded output gets zeros instead of no gradient (LiLT).
 
-How this fixes it: slots on ``GradientCheckpointingLayer`` and on the classes that receive a
-checkpoint function hand it out wrapped; the wrapper lifts those tensors into checkpoint inputs
-and returns nested/stored tensors as extra outputs (``_checkpoint_inputs``, ``_checkpoint_outputs``,
-``_checkpoint_shared_state``); nothing to lift: the original call.  docs/fixes/transformers-checkpoint-layer-io.md.
+How this fixes it: slots on the classes that receive a checkpoint function hand it out wrapped; the
+wrapper lifts those tensors into checkpoint inputs and returns nested/stored tensors as extra outputs
+(``_checkpoint_inputs``/``_outputs``/``_shared_state``; what a call holds: ``_structure``; an unsloth
+backward that needs its first input to need grad gets a 0-byte anchor first).  Nothing to lift, or a
+non-reentrant call: the original call.  docs/fixes/transformers-checkpoint-layer-io.md.
 """
 
 from __future__ import annotations
@@ -34,32 +34,42 @@ def checkpoint_with_lifted_inputs(fix: Patch) -> Callable:
     torch (a tokenizer-only user has transformers without torch), and the targets have imported
     it by then.  Bound once here, the helpers cost no import per checkpointed call.
     """
-    from hotfix.patches._checkpoint_inputs import hides_nothing, is_reentrant, lift_closure_tensors
+    from hotfix.patches._checkpoint_inputs import anchored, first_input_needs_grad, is_reentrant, lift_closure_tensors
     from hotfix.patches._checkpoint_outputs import FlatOutputs
     from hotfix.patches._checkpoint_shared_state import UNSAFE, SharedStateWrites
+    from hotfix.patches._structure import hides_nothing
+    from hotfix.patches._unsloth_checkpoint_shape import FirstInputRule
+
+    first_input = FirstInputRule()
+    unused_claimed = []  # once the unused-outputs repair was claimed, later calls skip the check
 
     def notice_unused_outputs() -> None:
+        unused_claimed.append(True)
         fix.repaired("a layer output the loss does not use gets no gradient, not zeros")
 
     def lift_layer_inputs(wrapped, instance, args, kwargs):  # named: a wrapper chain reads which fix is where
-        if not args:
+        # Non-reentrant checkpointing connects keyword, nested and stored tensors itself: the call as made.
+        if not args or not is_reentrant(wrapped, kwargs):
             return wrapped(*args, **kwargs)
         function, inputs = args[0], args[1:]
-        reentrant = is_reentrant(wrapped, kwargs)  # non-reentrant connects nested outputs and stored tensors itself
         writes = None
         if not hides_nothing(function, inputs):
-            watched = SharedStateWrites.around(function, inputs, warn=fix.warn_once) if reentrant else None
+            watched = SharedStateWrites.around(function, inputs, warn=fix.warn_once)
             if watched is UNSAFE:  # a mapping without a private copy: the call as upstream makes it (said once)
                 return wrapped(*args, **kwargs)
             if watched is not None:
                 writes, function, inputs = watched
+            count = len(inputs)
             lifted = lift_closure_tensors(function, inputs)
             if lifted is not None:
-                fix.repaired("tensors passed by keyword became checkpoint inputs")
                 function, inputs = lifted
-        if not reentrant:
-            return wrapped(function, *inputs, **kwargs)
-        outputs = FlatOutputs(function, writes, notice=notice_unused_outputs)
+                # A lifted leaf (a parameter by keyword) is right upstream too: its gradient accumulates
+                # directly.  A tensor with a history is re-walked by each recomputation upstream.
+                if any(tensor.grad_fn is not None for tensor in inputs[count:]):
+                    fix.repaired("tensors passed by keyword became checkpoint inputs")
+                if not first_input_needs_grad(inputs) and first_input.needs_grad_first():
+                    function, inputs = anchored(function, inputs, first=True)
+        outputs = FlatOutputs(function, writes, notice=None if unused_claimed else notice_unused_outputs)
         result = wrapped(outputs, *inputs, **kwargs)
         outputs.watch_unused(result)
         result = outputs.rebuild(result)

@@ -8,10 +8,10 @@ adapters; on every release a script that never calls ``enable_input_require_grad
 
 How this fixes it: when such a call is reentrant, in grad mode, the layer trains and has
 trainable parameters, and no tensor reaching it needs grad, a 0-byte leaf is passed as an
-extra input (dropped before the layer runs): the node exists, the gradients are exact.
-The stored function is wrapped on read by a slot installed only on the classes of modules
-that receive a checkpoint function (after transformers' enable/setter calls, on unpickling,
-and for models set up before activation).  docs/fixes/transformers-frozen-inputs.md.
+extra input (dropped before the layer runs): the node exists, the gradients are exact.  It goes
+last, or first where an unsloth-zoo backward needs its first input to need grad (FirstInputRule).
+A slot on the classes of modules that receive a checkpoint function wraps it on read (after
+transformers' enablers, on unpickling, and for models set up before activation).  docs/fixes/transformers-frozen-inputs.md.
 """
 
 from __future__ import annotations
@@ -55,9 +55,12 @@ def checkpoint_with_anchor(fix: Patch) -> Callable:
     """
     import torch
 
-    from hotfix.patches._checkpoint_inputs import find_grad_tensors, is_reentrant, layer_call
+    from hotfix.patches._checkpoint_inputs import anchored, is_reentrant, layer_call
+    from hotfix.patches._structure import find_grad_tensors
+    from hotfix.patches._unsloth_checkpoint_shape import FirstInputRule
 
     tensor, is_grad_enabled = torch.Tensor, torch.is_grad_enabled
+    first_input = FirstInputRule()
 
     def anchor_frozen_layer(wrapped, instance, args, kwargs):  # named: a wrapper chain reads which fix is where
         if not args or not is_grad_enabled() or not is_reentrant(wrapped, kwargs):
@@ -80,14 +83,9 @@ def checkpoint_with_anchor(fix: Patch) -> Callable:
             return wrapped(*args, **kwargs)
 
         fix.repaired("a layer with trainable parameters and no input needing grad is recomputed")
-        device = next((t.device for t in inputs if isinstance(t, tensor)), None)
-        anchor = torch.empty(0, device=device, requires_grad=True)
-        n_inputs = len(inputs)
-
-        def run_without_anchor(*all_inputs):
-            return function(*all_inputs[:n_inputs])
-
-        return wrapped(run_without_anchor, *inputs, anchor, **kwargs)
+        # Last, except where the checkpoint's backward returns gradients only when the first input needs grad.
+        function, inputs = anchored(function, inputs, first=first_input.needs_grad_first())
+        return wrapped(function, *inputs, **kwargs)
 
     return anchor_frozen_layer
 

@@ -7,11 +7,12 @@ being used in an in-place operation".  From 5.0 ``gradient_checkpointing_enable(
 method itself, so merely turning checkpointing on crashes.  Embeddings that return a tuple
 (Swin family, Data2Vec-vision, Hiera, TimeSformer) make the hook raise AttributeError.
 
-How this fixes it: ``enable_input_require_grads`` is wrapped; each hook it registers is
-replaced in its module's hook table by a plain function around it (the handle still removes
-it) that hands on ``output.clone()`` where upstream's hook left a leaf needing grad, and for a
-tuple makes its floating-point tensors require grad the same way.  After ``revert()`` the
-hooks already in a model behave as upstream's.  docs/fixes/transformers-input-grads-leaf.md.
+How this fixes it: each hook it registers is replaced in its module's hook table by a plain
+function around it (the handle still removes it).  Where upstream's hook left a leaf needing grad,
+the output is handed on as a copy until it is known whether the model changes it in place (the
+copy's version counter, read when backward reaches it or at a later call: ``CopyRule``).  Changed:
+upstream would have crashed, "repaired" is said, every forward gets a copy.  Never changed: no copy
+again.  A tuple's floating tensors are made to require grad under the same rule.  docs/fixes/transformers-input-grads-leaf.md.
 """
 
 from __future__ import annotations
@@ -26,32 +27,99 @@ METHOD = "enable_input_require_grads"
 HANDLE_ATTRIBUTES = ("_require_grads_hooks", "_require_grads_hook")
 
 
-def _non_leaf_hook(upstream_hook: Any, applied: Callable[[], bool]) -> Callable:
-    """Upstream's ``make_inputs_require_grads(module, input, output)`` hook, handing on a copy where it made a leaf.
+#: copies handed on while a hook's verdict is still open, at most (forwards with no backward, e.g. an eval loop in
+#: grad mode): then a model that changed none of them in place is taken not to
+WATCH_LIMIT = 8
+#: what the "repaired" line says was repaired
+CALL = "a forward of the input embeddings"
+
+
+class CopyRule:
+    """For one hook: does its model change in place the leaf upstream's hook makes?  Learned by watching copies.
+
+    Until it is known (``changes_in_place`` None) each leaf is handed on as a copy, and the copy is
+    watched: a detached alias shares its version counter, which every in-place change bumps.  A copy
+    changed by the next call, or by the time backward reaches it (its forward is over), settles it:
+    True (upstream would have raised): "repaired" is said and every later leaf is a copy; False: no
+    copy ever again, upstream's leaf goes on exactly as without hotfix.
+    """
+
+    def __init__(self, fix: Patch) -> None:
+        self.fix = fix
+        self.changes_in_place: Optional[bool] = None
+        self._watched: list = []  # detached aliases of the watched copies (their version counters)
+
+    def hand_on(self, leaf: Any) -> Any:
+        """What the module outputs instead of ``leaf`` (a leaf needing grad, in grad mode)."""
+        verdict = self.changes_in_place
+        if verdict is False:
+            return leaf
+        copy = leaf.clone()
+        if verdict is None:
+            self._watch(copy)
+        return copy
+
+    def _watch(self, copy: Any) -> None:
+        if self._changed():  # an earlier copy was changed in place, its forward long over
+            self._decide(True)
+            return
+        self._watched.append(copy.detach())
+        if len(self._watched) >= WATCH_LIMIT:
+            self._decide(False)
+            return
+        register = getattr(copy.grad_fn, "register_prehook", None)  # torch >= 2.0; else the next call decides
+        if register is not None:
+            register(self._at_backward)
+
+    def _at_backward(self, grad_outputs: Any) -> None:
+        if self.changes_in_place is None:
+            self._decide(self._changed())
+
+    def _changed(self) -> bool:
+        return any(alias._version > 0 for alias in self._watched)  # a fresh copy's counter is 0
+
+    def _decide(self, changes_in_place: bool) -> None:
+        self.changes_in_place, self._watched = changes_in_place, []
+        if changes_in_place:
+            self.fix.repaired("the model changed in place the leaf enable_input_require_grads()'s hook made of it "
+                              "(upstream: 'a leaf Variable that requires grad is being used in an in-place "
+                              "operation'); it gets a copy", call=CALL)
+
+
+def _non_leaf_hook(upstream_hook: Any, fix: Patch) -> Callable:
+    """Upstream's ``make_inputs_require_grads(module, input, output)`` hook, handing on a copy where the model
+    changes the leaf it made in place (a :class:`CopyRule` per hook).
 
     A plain function, not a wrapt proxy: torch.compile traces forward hooks, and dynamo cannot trace a
-    ``FunctionWrapper`` (a graph break per forward).
+    ``FunctionWrapper`` (a graph break per forward).  While compiling, every leaf is handed on as a copy,
+    unwatched (a version counter is no graph input), and nothing is said.
     """
     import torch
 
+    rule = CopyRule(fix)
+
     def hook(module, inputs, output):
-        if type(output) in (tuple, list) and applied():
-            return _tuple_output(output)
+        if type(output) in (tuple, list) and fix.applied:
+            return _tuple_output(output, rule)
         result = upstream_hook(module, inputs, output)
-        if not applied() or result is not None or not isinstance(output, torch.Tensor):
+        if not fix.applied or result is not None or not isinstance(output, torch.Tensor):
             return result
         if not (output.is_leaf and output.requires_grad and torch.is_grad_enabled()):
             return result
-        patch.repaired("the input embeddings' output is handed on as a copy the model may change in place")
-        return output.clone()
+        if torch.compiler.is_compiling():
+            return output.clone()
+        handed_on = rule.hand_on(output)
+        return None if handed_on is output else handed_on
 
     hook.__wrapped__ = upstream_hook
     return hook
 
 
-def _tuple_output(output: Any) -> Any:
+def _tuple_output(output: Any, rule: CopyRule) -> Any:
     """What upstream's hook means for embeddings that return ``(embeddings, sizes...)``: every floating-point
-    tensor in the tuple requires grad, handed on as a copy where that made it a leaf (None: nothing to change)."""
+    tensor in the tuple requires grad, handed on as a copy where the model changes it in place (the hook's
+    :class:`CopyRule`).  Upstream's hook raises on every such call, so this is always a repair.  None: the
+    tuple itself goes on (its tensors now require grad)."""
     import torch
 
     items, copied = list(output), False
@@ -61,10 +129,11 @@ def _tuple_output(output: Any) -> Any:
         if not item.requires_grad:
             item.requires_grad_(True)
         if item.is_leaf and torch.is_grad_enabled():
-            items[index], copied = item.clone(), True
-    if copied:
-        patch.repaired("the input embeddings return a tuple; its tensors are made to require grad "
-                       "(upstream's hook calls requires_grad_ on the tuple)")
+            handed_on = item.clone() if torch.compiler.is_compiling() else rule.hand_on(item)
+            if handed_on is not item:
+                items[index], copied = handed_on, True
+    rule.fix.repaired("the input embeddings return a tuple; its tensors are made to require grad "
+                      "(upstream's hook calls requires_grad_ on the tuple: AttributeError)", call=CALL)
     return type(output)(items) if copied else None
 
 
@@ -125,7 +194,7 @@ class TransformersInputGradsLeaf(Patch):
                     table = handle.hooks_dict_ref()  # the module's _forward_hooks (a weak reference)
                     hook = None if table is None else table.get(handle.id)
                     if hook is not None and _is_upstream_hook(hook):
-                        table[handle.id] = _non_leaf_hook(hook, lambda: patch.applied)
+                        table[handle.id] = _non_leaf_hook(hook, patch)
             return result
 
         self.wrap(module.PreTrainedModel, METHOD, wrap_registered_hooks)

@@ -8,8 +8,10 @@ walked again per layer: "Trying to backward through the graph a second time" (Wh
 
 How this fixes it: ``UnslothCheckpointFunction.apply`` (every path into unsloth's checkpoint
 ends there) is wrapped on the class; a partial's closure tensors become extra positional
-inputs, put back in place inside the recomputation (``_checkpoint_inputs``).  Revert deletes
-the class attribute.  docs/fixes/unsloth-zoo-closure-tensors.md.
+inputs, put back in place inside the recomputation (``_checkpoint_inputs``); behind a frozen first
+input on a release whose own backward then returns one gradient, after a 0-byte anchor
+(``_unsloth_checkpoint_shape.FirstInputRule``).  Revert deletes the class attribute.
+docs/fixes/unsloth-zoo-closure-tensors.md.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from hotfix.patch import Mechanism, Patch
-from hotfix.patches._unsloth_checkpoint_shape import CLASS_NAME, checkpoint_function_drift
+from hotfix.patches._unsloth_checkpoint_shape import CLASS_NAME, FirstInputRule, checkpoint_function_drift
 
 
 def _apply_with_lifted_inputs(wrapped, instance, args, kwargs):
@@ -25,12 +27,19 @@ def _apply_with_lifted_inputs(wrapped, instance, args, kwargs):
     # apply(run_function, preserve_rng_state, *inputs): anything else (keywords,
     # too few arguments) is not a call shape we understand: pass it through.
     if len(args) >= 2 and not kwargs:
-        from hotfix.patches._checkpoint_inputs import lift_closure_tensors  # imports torch: only when called
+        # imports torch: only when called
+        from hotfix.patches._checkpoint_inputs import anchored, first_input_needs_grad, lift_closure_tensors
 
         lifted = lift_closure_tensors(args[0], args[2:])
         if lifted is not None:
-            patch.repaired("tensors bound in a partial became checkpoint inputs")
             function, inputs = lifted
+            # a lifted leaf (a parameter) is right upstream too; a tensor with a history is re-walked there
+            if any(tensor.grad_fn is not None for tensor in inputs[len(args) - 2:]):
+                patch.repaired("tensors bound in a partial became checkpoint inputs")
+            # This release's own backward (unsloth-zoo-offload-backward opted out) returns one gradient when the
+            # first input needs none: the lifted inputs then come after a 0-byte anchor that needs grad.
+            if not first_input_needs_grad(inputs) and patch.first_input.needs_grad_first():
+                function, inputs = anchored(function, inputs, first=True)
             return wrapped(function, args[1], *inputs)
     return wrapped(*args, **kwargs)
 
@@ -51,6 +60,10 @@ class UnslothZooClosureTensors(Patch):
     )
     upstream = "unslothai/unsloth-zoo gradient_checkpointing.py UnslothCheckpointFunction (since 2024.11.6)"
     fixed_in = None  # 2026.10.9 still has it
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first_input = FirstInputRule()
 
     def drift(self, module: Any) -> Optional[str]:
         return checkpoint_function_drift(module)

@@ -19,7 +19,8 @@ import contextlib
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from hotfix.patch import Mechanism, Patch
-from hotfix.patches._unsloth_checkpoint_shape import CLASS_NAME, checkpoint_function_drift
+from hotfix.patches._unsloth_checkpoint_shape import (CLASS_NAME, EVERY_GRADIENT, FIRST_INPUT_ONLY,
+                                                      checkpoint_function_drift)
 
 if TYPE_CHECKING:
     from hotfix.patches._offload import ActivationOffloader
@@ -134,6 +135,7 @@ def build_checkpoint_methods(offloader: "ActivationOffloader", recompute_marker:
         grads = tuple(value.grad if isinstance(value, torch.Tensor) else None for value in detached)
         return (None, None) + grads
 
+    setattr(backward, EVERY_GRADIENT, True)  # the transformers fixes read it (_unsloth_checkpoint_shape.FirstInputRule)
     return forward, backward
 
 
@@ -141,7 +143,7 @@ class UnslothZooOffloadBackward(Patch):
     name = "unsloth-zoo-offload-backward"
     targets = ("unsloth_zoo.gradient_checkpointing",)
     mechanisms = (  # each range equal to the census's evidence (docs/versions.md)
-        Mechanism("frozen-first-input", {"unsloth-zoo": ">=2025.1.1,<2026.8.11"}, fixed_in="2026.8.11",
+        Mechanism("frozen-first-input", FIRST_INPUT_ONLY, fixed_in="2026.8.11",
                   summary="args[0] frozen, another input needing grad: too few gradients returned"),
         Mechanism("late-offload", {"unsloth-zoo": ">=2025.1.1,<2025.11.5"}, fixed_in="2025.11.5",
                   summary="no activation offloaded during the first step"),

@@ -12,6 +12,7 @@ first use: importing this package imports no torch).
 ``factory``     check-model TARGET: the user's model factory
 ``doctor``, ``doctor_models``   ``hotfix doctor`` and its tiny Whisper
 ``children``    fresh interpreters with and without hotfix, and their JSON lines
+``startup``     ``hotfix status``: is the start-up hook in effect in this interpreter, and if not, why
 """
 
 _PUBLIC = ("check_model", "CheckReport", "ModeResult", "CheckerError", "MODES")

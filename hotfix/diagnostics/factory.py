@@ -38,12 +38,29 @@ def load_factory(target: str) -> Callable[[], Any]:
 
 
 def unpack_factory_result(result: Any) -> Tuple[Any, Any, Optional[Callable]]:
-    """(model, batch) | (model, batch, loss_fn) | {"model":..., "batch":..., "loss_fn":...}."""
+    """(model, batch) | (model, batch, loss_fn) | {"model":..., "batch":..., "loss_fn":...}.
+
+    Anything else, a model that is not a ``torch.nn.Module`` or a loss_fn that cannot be called is a
+    :class:`CheckerError` naming what came back ("could not check"), never a traceback from deep in the
+    check or a verdict on something that is not a model.
+    """
     if isinstance(result, dict):
         try:
-            return result["model"], result["batch"], result.get("loss_fn")
+            model, batch, loss_fn = result["model"], result["batch"], result.get("loss_fn")
         except KeyError as exc:
             raise CheckerError(f"the factory's dict lacks {exc}") from None
-    if isinstance(result, (tuple, list)) and len(result) in (2, 3):
-        return result[0], result[1], (result[2] if len(result) == 3 else None)
-    raise CheckerError("the factory must return (model, batch), (model, batch, loss_fn) or a dict with those keys")
+    elif isinstance(result, (tuple, list)) and len(result) in (2, 3):
+        model, batch, loss_fn = result[0], result[1], (result[2] if len(result) == 3 else None)
+    else:
+        got = f"a {type(result).__name__} of length {len(result)}" if isinstance(result, (tuple, list)) else \
+            f"an object of type {type(result).__name__}"
+        raise CheckerError(f"the factory returned {got}; it must return (model, batch), (model, batch, loss_fn) "
+                           "or a dict with those keys")
+    import torch
+
+    if not isinstance(model, torch.nn.Module):
+        swapped = " (model and batch swapped?)" if isinstance(batch, torch.nn.Module) else ""
+        raise CheckerError(f"the factory's model is of type {type(model).__name__}, not a torch.nn.Module{swapped}")
+    if loss_fn is not None and not callable(loss_fn):
+        raise CheckerError(f"the factory's loss_fn is of type {type(loss_fn).__name__}, not a callable")
+    return model, batch, loss_fn

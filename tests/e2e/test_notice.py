@@ -2,18 +2,22 @@
 
 ``HOTFIX_LOG_LEVEL=INFO`` used to print nothing in a script that configures
 logging only after its imports, as HF's example scripts do.  By default
-hotfix now prints exactly one line per process, the first time it repairs a
-checkpointed call; ``HOTFIX_LOG_LEVEL=WARNING`` silences it; torchrun ranks
-other than 0 stay quiet.
+hotfix prints one line per fix that repaired something, once per job:
+``HOTFIX_LOG_LEVEL=WARNING`` silences it; torchrun ranks other than 0 stay
+quiet, and of the processes ``torch.multiprocessing.spawn`` starts (no
+``RANK``) only the first to repair speaks.  A fix that changed nothing that
+mattered says nothing (tests/e2e/test_repair_truth.py walks the cases).
 """
 
 from __future__ import annotations
 
+import os
 import textwrap
 
 import pytest
 
-from conftest import REPAIR_NOTICE, hotfix_lines, json_lines, run_python
+from conftest import (REPAIR_NOTICE, SUPPORT, hotfix_lines, json_lines, matrix_path, repair_notices,
+                      run_python)
 
 # A user script: no logging setup before training (optionally basicConfig after its imports).
 SCRIPT = textwrap.dedent(
@@ -67,3 +71,52 @@ def test_silenced_and_non_zero_ranks_print_nothing(env):
 def test_rank_zero_prints_the_line():
     lines = _run({"RANK": "0", "LOCAL_RANK": "0"})
     assert len(lines) == 1 and hotfix_lines("\n".join(lines)) == [], lines
+
+
+def test_a_fix_opted_out_leaves_a_wrong_run_without_any_repaired_line():
+    """Issue 31: Llava + LoRA on every q/v + enable_input_require_grads(), reentrant.  transformers-frozen-inputs
+    repairs the vision tower's adapters; opted out, the run is silently wrong (as upstream), and no fix may say
+    "repaired" (the input-grads-leaf fix said it, for a copy that changed nothing)."""
+    proc = run_python([str(SUPPORT / "repair_walk.py"), "llava-lora:reentrant"],
+                      env={"HOTFIX_DISABLED_PATCHES": "transformers-frozen-inputs", "OMP_NUM_THREADS": "1"},
+                      pythonpath=[matrix_path("transformers", "4.56.2")], timeout=300)
+    (result,) = json_lines(proc.stdout) or [proc.stderr[-2000:]]
+    assert result["status"] == "wrong" and result["missing"] > 0, result
+    assert repair_notices(proc.stderr) == [], proc.stderr[-2000:]
+
+
+# torch.multiprocessing.spawn: no RANK; the children share the parent's multiprocessing authkey (the job).
+SPAWN_SCRIPT = textwrap.dedent(
+    """
+    import json, os, sys
+    import torch
+    import torch.multiprocessing as mp
+
+    def train(index):
+        import tiny_models
+        torch.set_num_threads(1)
+        model, batch = tiny_models.whisper(0)
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
+        model(**batch).loss.backward()
+        print(json.dumps({"trained": index}), flush=True)
+
+    if __name__ == "__main__":
+        mp.spawn(train, nprocs=2)
+        from hotfix.notice import job_folder  # the parent's authkey is its children's: their job's claims
+        print(json.dumps({"claims": sorted(os.listdir(job_folder())), "folder": job_folder()}))
+    """
+)
+
+
+def test_spawned_processes_of_one_job_say_each_line_once(tmp_path):
+    script = tmp_path / "spawn_train.py"
+    script.write_text(SPAWN_SCRIPT)
+    proc = run_python([str(script)], env={"OMP_NUM_THREADS": "1"}, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json_lines(proc.stdout)
+    assert sorted(r["trained"] for r in results if "trained" in r) == [0, 1], proc.stdout + proc.stderr[-2000:]
+    lines = repair_notices(proc.stderr)
+    assert len(lines) == 1 and "transformers-checkpoint-layer-io" in lines[0], lines
+    (job,) = [r for r in results if "claims" in r]
+    assert len(job["claims"]) == 1, job  # one child claimed the line; its sibling found the claim
+    assert not os.path.exists(job["folder"]), job  # the job's first process took the claims away at its exit

@@ -5,15 +5,24 @@ unsloth or unsloth_zoo.  A plugin fix targeting another library (the README's
 ``foo.layers``) used to be applied only in processes that also imported one
 of those.  Now, when an installed distribution other than hotfix-checkpoint
 declares the ``hotfix.patches`` entry-point group, the first top-level import
-of a process activates hotfix (boot/_hotfix_boot.py); without such a
-distribution nothing changes.
+of a process activates hotfix (boot/_hotfix_boot.py), once that module ran;
+without such a distribution nothing changes.
+
+The first import used to activate hotfix *before* its module ran: when it was a
+module hotfix itself imports (``import logging`` opens the HF example scripts;
+``re``, ``dataclasses``, ``typing``...), activation met it half made ("partially
+initialized module 'logging'") and hotfix stayed off for the process.  And
+``import hotfix`` first made the hook call the installed hotfix "a different
+module named 'hotfix'".
 """
 
 from __future__ import annotations
 
 import textwrap
 
-from conftest import json_lines, run_python
+import pytest
+
+from conftest import CRASH, hotfix_lines, json_lines, run_python
 
 PLUGIN = '''
 from hotfix import Patch
@@ -65,3 +74,67 @@ def test_without_third_party_fixes_other_imports_do_not_activate(tmp_path):
 def test_disabled_means_no_activation_even_with_plugins(tmp_path):
     proc = run_python(["-c", PROBE], pythonpath=[_library(tmp_path, True)], env={"HOTFIX_DISABLE": "1"}, timeout=120)
     assert json_lines(proc.stdout) == [{"value": 1, "hotfix_loaded": False, "transformers_loaded": False}], proc.stderr
+
+
+@pytest.mark.parametrize("first", ["logging", "re", "dataclasses", "typing", "importlib.metadata"])
+def test_plugin_installed_and_a_module_hotfix_needs_imported_first(tmp_path, first):
+    """The script's first import is a standard-library module hotfix itself imports: hotfix is
+    active all the same, the plugin's fix is applied, and nothing is printed."""
+    proc = run_python(["-c", f"import {first}\n" + PROBE], pythonpath=[_library(tmp_path, True)], timeout=120)
+    assert json_lines(proc.stdout) == [{"value": 11, "hotfix_loaded": True, "transformers_loaded": False}], proc.stderr
+    assert hotfix_lines(proc.stderr) == [], proc.stderr
+
+
+WHISPER_AFTER_LOGGING = textwrap.dedent(
+    """
+    import logging
+    import json, sys, transformers
+    import tiny_models, standalone
+    compare = standalone.load("compare")  # hotfix's comparison rule, without importing hotfix
+    model, batch = tiny_models.whisper(0)
+    model(**batch).loss.backward(); reference = compare.collect_grads(model); model.zero_grad(set_to_none=True)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
+    try:
+        model(**batch).loss.backward()
+        trains = compare.compare_grads(reference, compare.collect_grads(model)).ok
+    except RuntimeError as exc:
+        trains = compare.short_error(exc)
+    registry = sys.modules.get("hotfix.registry")
+    print(json.dumps({"active": bool(registry and registry.registry.active), "trains": trains}))
+    """
+)
+
+
+def test_plugin_installed_import_logging_first_then_whisper_trains(tmp_path):
+    """The issue's reproduction: a plugin installed, ``import logging`` then transformers:
+    hotfix is active and Whisper with reentrant checkpointing trains with the gradients of a
+    step without checkpointing (it used to crash: hotfix off)."""
+    proc = run_python(["-c", WHISPER_AFTER_LOGGING], pythonpath=[_library(tmp_path, True)], timeout=300)
+    assert json_lines(proc.stdout) == [{"active": True, "trains": True}], proc.stderr[-3000:]
+    assert CRASH not in proc.stdout
+    assert hotfix_lines(proc.stderr) == [], proc.stderr
+
+
+def test_import_hotfix_first_with_a_plugin_installed(tmp_path):
+    """``import hotfix`` as the first import, a plugin installed: active, the plugin applied, and
+    no line (the hook used to say "a different module named 'hotfix' is already imported
+    (.../site-packages/hotfix/__init__.py) ... not active")."""
+    proc = run_python(["-c", "import hotfix\n" + PROBE], pythonpath=[_library(tmp_path, True)], timeout=120)
+    assert json_lines(proc.stdout) == [{"value": 11, "hotfix_loaded": True, "transformers_loaded": False}], proc.stderr
+    assert hotfix_lines(proc.stderr) == [], proc.stderr
+
+
+def test_a_foreign_hotfix_imported_first_is_named(tmp_path):
+    """A user's own ``hotfix.py`` imported first, a plugin installed: that one is really a
+    different module, and the one line says so; hotfix-checkpoint stays off, the program runs."""
+    library = tmp_path / "library"
+    library.mkdir()
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "hotfix.py").write_text("MINE = True\n")
+    proc = run_python(["-c", "import hotfix\n" + PROBE], cwd=project, pythonpath=[_library(library, True)],
+                      timeout=120)
+    assert json_lines(proc.stdout) == [{"value": 1, "hotfix_loaded": False, "transformers_loaded": False}], proc.stderr
+    lines = hotfix_lines(proc.stderr)
+    assert len(lines) == 1 and "a different module named 'hotfix' is already imported" in lines[0], proc.stderr
+    assert str(project / "hotfix.py") in lines[0], lines

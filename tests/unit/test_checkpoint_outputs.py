@@ -2,7 +2,8 @@
 
 Failing without (the nested tensor leaves the checkpoint detached: its producer's parameters get no
 gradient), passing with (every gradient equals the run without checkpointing), and the structure the
-layer returned comes back: tuples, named tuples, lists, dicts and non-tensor leaves.  An output the loss
+layer returned comes back: tuples, named tuples, lists, dicts and non-tensor leaves (a list returned at
+the top is cut off whole: only a tuple's tensors are a Function's outputs).  An output the loss
 never uses: upstream its producer gets a zero gradient, with FlatOutputs none, as without checkpointing.
 """
 
@@ -34,6 +35,8 @@ class Nested(torch.nn.Module):
             return (h,), 3, 5
         if self.shape == "named":
             return Stage(hidden=[h], extra={"scaled": h * 2, "note": "x"})
+        if self.shape == "list":  # a list is one object to an autograd.Function: every tensor in it is cut off
+            return [h, h * 2]
         return {"hidden": h}
 
 
@@ -47,6 +50,8 @@ class Model(torch.nn.Module):
     def _unpack(self, out):
         if isinstance(out, dict):
             return out["hidden"]
+        if isinstance(out, list):
+            return out[0] + out[1]
         if len(out) == 2:  # Stage (upstream's autograd.Function hands back a plain tuple)
             assert isinstance(out, Stage) or not self.fix
             hidden, extra = out
@@ -76,7 +81,7 @@ def _compare(grads_of, shape, fix, reentrant=True):
 
 
 def test_nested_output_loses_gradients_without_and_keeps_them_with_flat_outputs(grads_of):
-    for shape in ("pvt", "named", "dict"):
+    for shape in ("pvt", "named", "dict", "list"):
         broken = _compare(grads_of, shape, fix=False)
         assert broken.missing, (shape, broken.summary())  # upstream: silent, no error
         fixed = _compare(grads_of, shape, fix=True)
@@ -90,7 +95,7 @@ def test_non_reentrant_needs_nothing_and_flat_outputs_changes_nothing_there(grad
 
 def test_flat_outputs_pass_through_what_the_checkpoint_already_sees():
     hidden = torch.ones(2)
-    for output in (hidden, (hidden, None), (hidden, hidden * 2), [hidden]):
+    for output in (hidden, (hidden, None), (hidden, hidden * 2), (hidden, [1, "x"])):
         flat = FlatOutputs(lambda: output)
         assert flat() is output and flat.nested is False
         assert flat.rebuild(output) is output
@@ -169,3 +174,40 @@ def test_each_backward_decides_afresh_which_outputs_were_used():
         layer.zero_grad(set_to_none=True)
         (text.sum() + (layout.sum() if use_layout else 0)).backward(retain_graph=True)
         assert (layer.layout.weight.grad is not None) == use_layout
+
+
+class WithWeights(torch.nn.Module):
+    """Returns (hidden, attention weights) like a layer with output_attentions=True: the weights' producers
+    (query and key) also produce the hidden states."""
+
+    def __init__(self):
+        super().__init__()
+        self.query, self.key = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        weights = torch.softmax(self.query(x) @ self.key(x).transpose(-1, -2), dim=-1)
+        return x + weights @ x, weights
+
+
+def _notices_after_backward(layer, *inputs, use=lambda out: out[0].sum()):
+    """How often FlatOutputs' notice fires in one reentrant backward of ``layer`` whose second output is unused."""
+    notices = []
+    flat = FlatOutputs(layer, notice=lambda: notices.append(1))
+    out = checkpoint(flat, *inputs, use_reentrant=True)
+    flat.watch_unused(out)
+    use(out).backward()
+    return len(notices)
+
+
+def test_the_unused_output_notice_only_where_a_parameter_would_have_had_zeros():
+    """LiLT-style (the layout weights feed only the discarded output): upstream zeros, now none: said.  Attention
+    weights returned beside the hidden states: their producers get a gradient through the hidden states either
+    way, upstream is equal: nothing said (issue 31 item 5)."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 4, requires_grad=True)
+    assert _notices_after_backward(TwoStreams(), x, x * 2) == 1
+    assert _notices_after_backward(WithWeights(), x.unsqueeze(0)) == 0
+    # a parameter of the discarded output that gets a gradient from elsewhere in the same backward: equal upstream
+    shared = TwoStreams()
+    elsewhere = lambda out: out[0].sum() + sum(p.sum() for p in shared.layout.parameters())  # noqa: E731
+    assert _notices_after_backward(shared, x, x * 2, use=elsewhere) == 0

@@ -21,7 +21,7 @@ from hotfix.patches._checkpoint_inputs import find_grad_tensors, hides_nothing, 
 from hotfix.patches._checkpoint_shared_state import SharedStateWrites
 from hotfix.patches._checkpoint_slot import ATTRIBUTE, CheckpointFunctionSlot, SlotCoverage
 from hotfix.config import parse_disable, parse_log_level, parse_patch_list
-from hotfix.patch import Patch
+from hotfix.patch import Mechanism, Patch
 from hotfix.reload_watch import ReloadWatcher
 
 Pair = collections.namedtuple("Pair", "first second")
@@ -197,13 +197,58 @@ def test_a_release_older_than_the_fix_reaches_is_not_covered_never_not_needed():
                                                                      unreached={"wrapt": "<999"}))
 
     older = Older()
-    assert older.uncovered_here() == (f"wrapt {wrapt_version} is older than this fix reaches (wrapt >=999): "
+    assert older.uncovered_here() == (f"wrapt {wrapt_version} is outside what this fix reaches (wrapt >=999): "
                                       "m-old may be broken here, unrepaired")
     assert _state(older, False, {}) == "NOT COVERED here: " + older.uncovered_here()
     assert Older.mechanisms[1].unreached == {}  # the default: below the range means not needed
     older.mechanisms = Older.mechanisms[1:]
     assert older.uncovered_here() is None and _state(older, False, {}) == "not needed here"
     assert Inside().check().applies and Inside().uncovered_here() is None
+
+
+class _Unreadable(Patch):
+    """Would apply here (wrapt is installed everywhere hotfix is) but for the one range that does not parse."""
+
+    name = "unit-unreadable"
+    targets = ("unit_target",)
+
+    def _apply(self, module):
+        self.replace(module, "added", True)
+
+
+UNREADABLE = {
+    "a mechanism's affected": dict(mechanisms=(Mechanism("bar-keyword", {"wrapt": ">=4.x,<<5"}),)),
+    "affected, no mechanisms": dict(affected={"wrapt": ">=4.x,<<5"}),
+    "unreached": dict(mechanisms=(Mechanism("bar-keyword", {"wrapt": ">=1"}, unreached={"wrapt": ">=4.x,<<5"}),)),
+    "a Mechanism not in a tuple": dict(mechanisms=Mechanism("bar-keyword", {"wrapt": ">=1"})),
+}
+
+
+@pytest.mark.parametrize("declared", UNREADABLE, ids=list(UNREADABLE))
+def test_an_unreadable_declaration_is_one_warning_at_load_never_applied_and_never_not_needed(declared, target,
+                                                                                            caplog):
+    """Issue 31 item 9: a malformed specifier read as "outside the range": never applied, no line, and
+    ``hotfix status`` said "not needed here".  Now: one warning when the fix object is created (its module is
+    loaded) naming the fix, the mechanism, the distribution and the specifier; never applied; status says why."""
+    from hotfix.cli import _describe, _state
+
+    with caplog.at_level(logging.WARNING, logger="hotfix"):
+        fix = type("Unreadable", (_Unreadable,), UNREADABLE[declared])()
+        said = [r.getMessage() for r in caplog.records]
+        assert len(said) == 1 and said[0].startswith("hotfix: unit-unreadable: invalid declaration: "), said
+        if declared != "a Mechanism not in a tuple":
+            assert "'>=4.x,<<5'" in said[0] and "wrapt" in said[0], said
+        if declared != "affected, no mechanisms":
+            assert "bar-keyword" in said[0], said
+        verdict = fix.check()
+        assert not verdict.applies and verdict.reason.startswith("invalid declaration: "), verdict
+        assert fix.apply(target) is False and not hasattr(target, "added")
+        state = _state(fix, False, {})
+        assert state.startswith("NOT APPLIED: invalid declaration: ") and "not needed" not in state, state
+        lines = []
+        _describe(fix, lines.append)  # `hotfix status --verbose` lists no range it cannot read
+        assert fix.uncovered_here() is None and fix.mechanisms_here() == () and fix.distributions == ()
+    assert len(caplog.records) == 1  # said once, however often it is checked
 
 
 # --------------------------------------------------------------------------- config

@@ -207,7 +207,7 @@ def test_doctor_on_a_release_no_fix_reaches_says_not_covered_and_runs_nothing(mo
     monkeypatch.setattr(doctor, "_run_child", lambda disabled: pytest.fail("doctor ran a case"))
     assert doctor.main([]) == 2
     out = capsys.readouterr().out
-    assert "unit-older: NOT COVERED: transformers " in out and "is older than this fix reaches" in out, out
+    assert "unit-older: NOT COVERED: transformers " in out and "is outside what this fix reaches" in out, out
 
 
 # --------------------------------------------------------------------------- results, guard, memory
@@ -249,6 +249,127 @@ def test_check_model_refuses_a_memory_limit_that_is_not_a_size_in_one_usage_line
         main(["check-model", "pkg:build", "--memory-limit", value])
     assert exited.value.code == 2
     assert f"argument --memory-limit: {value!r} is not a size in bytes" in capsys.readouterr().err
+
+
+BUILDERS = """
+import torch
+
+class Model(torch.nn.Module):
+    supports_gradient_checkpointing = True
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.gradient_checkpointing = False
+
+    def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs=None):
+        import functools
+        self._gradient_checkpointing_func = functools.partial(torch.utils.checkpoint.checkpoint,
+                                                              **(gradient_checkpointing_kwargs or {}))
+        self.gradient_checkpointing = True
+
+    def forward(self, x):
+        if self.gradient_checkpointing and self.training:
+            return self._gradient_checkpointing_func(self.lin, x)
+        return self.lin(x)
+
+class ExitsInForward(Model):
+    def forward(self, x):
+        raise SystemExit(3)
+
+def batch():
+    return {"x": torch.randn(2, 4, requires_grad=True)}
+
+def good(): return Model(), batch()
+def not_a_model(): return object(), batch()
+def exits(): raise SystemExit(7)
+def one_item(): return (Model(),)
+def model_alone(): return Model()
+def swapped(): return batch(), Model()
+def loss_not_callable(): return Model(), batch(), 5
+def exits_in_a_step(): return ExitsInForward(), batch()
+def interrupted(): raise KeyboardInterrupt
+"""
+
+#: builder -> what the one line says (exit status 2: could not check)
+BAD_BUILDERS = {
+    "not_a_model": "the factory's model is of type object, not a torch.nn.Module",
+    "exits": "it raised SystemExit(7)",
+    "one_item": "the factory returned a tuple of length 1; it must return (model, batch)",
+    "model_alone": "the factory returned an object of type Model; it must return (model, batch)",
+    "swapped": "the factory's model is of type dict, not a torch.nn.Module (model and batch swapped?)",
+    "loss_not_callable": "the factory's loss_fn is of type int, not a callable",
+    "exits_in_a_step": "could not check",
+}
+
+
+@pytest.fixture
+def builders(tmp_path):
+    path = tmp_path / "builders.py"
+    path.write_text(BUILDERS)
+    return str(path)
+
+
+@pytest.mark.parametrize("builder", BAD_BUILDERS)
+def test_check_model_on_a_builder_that_returns_no_model_or_exits_is_one_line_and_status_2(builder, builders, capsys):
+    """Issue 31 item 10: ``(object(), batch)`` was a traceback and exit 1 ("unsafe"); ``SystemExit(7)`` from the
+    builder exited 7 without a word, from a model's forward 3 ("a step overran its guard"); a swapped pair or a
+    loss_fn that is not callable was a traceback or a whole report.  Each is one line and exit 2."""
+    from hotfix.cli import main
+
+    assert main(["check-model", f"{builders}:{builder}", "--modes", "reentrant"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.splitlines()) == 1, (out, err)
+    assert err.startswith("hotfix check-model: ") and BAD_BUILDERS[builder] in err, err
+
+
+def test_check_model_interrupted_is_one_line_and_status_130(builders, capsys):
+    from hotfix.cli import main
+
+    assert main(["check-model", f"{builders}:interrupted"]) == 130
+    assert capsys.readouterr().err == "hotfix: interrupted\n"
+
+
+@pytest.mark.parametrize("flag, value", [("--time-limit", "0"), ("--time-limit", "nan"), ("--rtol", "-1"),
+                                         ("--rtol", "nan"), ("--floor", "-0.5"), ("--grace", "-1")])
+def test_check_model_refuses_numbers_that_would_give_a_false_verdict_in_one_usage_line(flag, value, capsys):
+    """``--time-limit 0`` or ``--rtol -1`` made every mode UNSAFE (exit 1), ``--time-limit nan`` disabled the
+    guard: a verdict on the options, not on the model.  argparse now says why, status 2."""
+    from hotfix.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["check-model", "pkg:build", flag, value])
+    assert exited.value.code == 2
+    assert f"argument {flag}: {value!r} is not " in capsys.readouterr().err
+
+
+def test_version_names_the_distribution_and_where_it_runs_from(capsys):
+    import os
+
+    import hotfix
+    from hotfix.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    assert exited.value.code == 0
+    assert capsys.readouterr().out.startswith(
+        f"hotfix-checkpoint {hotfix.__version__} from {os.path.dirname(hotfix.__file__)} (Python ")
+
+
+def test_a_reader_that_stops_reading_ends_the_output_quietly_and_the_verdict_still_decides(builders, monkeypatch):
+    """``hotfix check-model ... | head -1``: the rest of the report is dropped, no BrokenPipeError, and the exit
+    status is still the verdict's (0 safe here), not an error of the pipe."""
+    import os
+    import sys
+
+    from hotfix.cli import main
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    with open(write_end, "w", buffering=1) as gone:  # line-buffered: the first line meets the closed pipe
+        monkeypatch.setattr(sys, "stdout", gone)
+        assert main(["check-model", f"{builders}:good", "--modes", "non-reentrant"]) == 0
+        assert main(["status", "--no-import"]) == 0
 
 
 def test_fmt_bytes():

@@ -12,7 +12,9 @@ from __future__ import annotations
 import pytest
 from packaging.version import Version
 
-from conftest import LAB, json_lines, matrix_path, matrix_versions, run_python
+import textwrap
+
+from conftest import LAB, json_lines, matrix_path, matrix_versions, repair_notices, run_python
 
 CASES = [
     "whisper",
@@ -102,3 +104,146 @@ def test_whisper_on_5x_trains_exactly_as_upstream(version):
     patched = _run_cases(version, disabled=False, cases=["whisper"], default_checkpointing=True)["whisper"]
     assert unpatched["status"] == patched["status"] == "equal"
     assert unpatched["loss"] == patched["loss"]
+
+
+# A GradientCheckpointingLayer that appends to a DynamicCache already holding keys/values that need grad (prefix or
+# prompt tuning, a previous segment), handed under a name transformers does not null while checkpointing.
+PREFIX_CACHE_CHILD = textwrap.dedent(
+    """
+    import json, warnings
+    import torch
+    from transformers import PretrainedConfig, PreTrainedModel
+    from transformers.cache_utils import DynamicCache
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    warnings.simplefilter("ignore")
+
+    class Layer(GradientCheckpointingLayer):
+        def __init__(self):
+            super().__init__()
+            self.q, self.k, self.v = (torch.nn.Linear(4, 4) for _ in range(3))
+
+        def forward(self, hidden, kv_cache=None):
+            keys, values = kv_cache.update(self.k(hidden), self.v(hidden), 0)
+            return hidden + torch.softmax(self.q(hidden) @ keys.transpose(-1, -2), dim=-1) @ values
+
+    class Config(PretrainedConfig):
+        model_type = "prefix-cache-case"
+
+    class Model(PreTrainedModel):
+        config_class = Config
+        supports_gradient_checkpointing = True
+
+        def __init__(self):
+            super().__init__(Config())
+            self.prefix, self.layer = torch.nn.Linear(4, 8), Layer()
+
+        def forward(self, x, prefix_tokens):
+            states = self.prefix(prefix_tokens)
+            self.cache = DynamicCache()
+            self.cache.update(states[..., :4], states[..., 4:], 0)  # 3 positions needing grad
+            return self.layer(x, kv_cache=self.cache).pow(2).sum()  # 5 more
+
+    torch.manual_seed(0)
+    model = Model().train()
+    x, prefix_tokens = torch.randn(1, 5, 4), torch.randn(1, 3, 4)
+
+    def step():
+        model.zero_grad(set_to_none=True)
+        model(x, prefix_tokens).backward()
+        return {name: p.grad for name, p in model.named_parameters()}
+
+    reference = step()
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
+    try:
+        grads = step()
+    except RuntimeError as exc:
+        print(json.dumps({"error": str(exc).splitlines()[0]}))
+    else:
+        print(json.dumps({
+            "missing": sorted(n for n, g in grads.items() if g is None and reference[n] is not None),
+            "equal": all(g is not None and torch.allclose(g, reference[n], rtol=1e-6, atol=0)
+                         for n, g in grads.items()),
+            "positions": model.cache.layers[0].keys.shape[-2],
+            "connected": model.cache.layers[0].keys.grad_fn is not None,
+        }))
+    """
+)
+
+
+@pytest.mark.parametrize("version", ["4.56.2", "5.23.0"])
+def test_a_layer_appending_to_a_cache_that_holds_prefix_tensors(version):
+    """Upstream: "element 0 of tensors does not require grad" (no positional input needs grad).  Before issue 31
+    hotfix said "repaired" while the prefix projection got no gradient and the cache held 13 positions (the
+    recomputation appended to the caller's cache again and read it).  Now: every gradient equals the run without
+    checkpointing, the cache holds the 8 positions it holds without, connected; and "repaired" is said."""
+    path = [matrix_path("transformers", version)]
+    upstream = run_python(["-c", PREFIX_CACHE_CHILD], env={"HOTFIX_DISABLE": "1"}, pythonpath=path, timeout=300)
+    assert json_lines(upstream.stdout) == [{"error": "element 0 of tensors does not require grad and does not have "
+                                                     "a grad_fn"}], upstream.stdout + upstream.stderr[-2000:]
+    fixed = run_python(["-c", PREFIX_CACHE_CHILD], pythonpath=path, timeout=300)
+    assert json_lines(fixed.stdout) == [{"missing": [], "equal": True, "positions": 8, "connected": True}], \
+        fixed.stdout + fixed.stderr[-2000:]
+    assert len(repair_notices(fixed.stderr)) == 1, fixed.stderr[-2000:]
+
+
+# Layers returning their attention weights beside the hidden states (output_attentions=True): the loss never uses
+# the weights, but their producers (query, key) get their gradient through the hidden states anyway.
+ATTENTIONS_CHILD = textwrap.dedent(
+    """
+    import json, warnings
+    import torch
+    from transformers import (BertConfig, BertForSequenceClassification, WhisperConfig,
+                              WhisperForAudioClassification)
+
+    warnings.simplefilter("ignore")
+
+    def bert():
+        config = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                            intermediate_size=32, max_position_embeddings=16, num_labels=3)
+        return BertForSequenceClassification(config), {"input_ids": torch.randint(0, 50, (2, 6)),
+                                                       "labels": torch.tensor([0, 2])}
+
+    def whisper():
+        config = WhisperConfig(num_mel_bins=8, encoder_layers=2, encoder_attention_heads=2, d_model=16,
+                               encoder_ffn_dim=32, max_source_positions=10, num_labels=3)
+        return WhisperForAudioClassification(config), {"input_features": torch.randn(2, 8, 20),
+                                                       "labels": torch.tensor([1, 0])}
+
+    for name, build in (("bert", bert), ("whisper-audio-classification", whisper)):
+        torch.manual_seed(0)
+        model, batch = build()
+        model.train()
+
+        def step():
+            model.zero_grad(set_to_none=True)
+            torch.manual_seed(1)  # the same dropout masks in both steps
+            out = model(**batch, output_attentions=True)
+            assert out.attentions is not None and len(out.attentions) == 2
+            out.loss.backward()
+            return {n: p.grad for n, p in model.named_parameters()}
+
+        reference = step()
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
+        grads = step()
+        print(json.dumps({"model": name, "equal": all(
+            (g is None) == (reference[n] is None)
+            and (g is None or torch.allclose(g, reference[n], rtol=1e-5, atol=1e-7))
+            for n, g in grads.items())}), flush=True)
+    """
+)
+
+
+def test_attention_weights_nobody_uses_are_not_claimed_as_repaired():
+    """Issue 31 item 5: BERT and WhisperForAudioClassification with output_attentions=True train equal to no
+    checkpointing upstream; hotfix used to say "repaired ... a layer output the loss does not use gets no
+    gradient" there.  The unused output is still detached in the recomputation, but nothing is claimed: no
+    parameter is left without the zero gradient upstream would give it (tests/unit/test_checkpoint_outputs.py
+    has the LiLT-style case, where it is said)."""
+    path = [matrix_path("transformers", "4.56.2")]
+    expected = [{"model": "bert", "equal": True}, {"model": "whisper-audio-classification", "equal": True}]
+    upstream = run_python(["-c", ATTENTIONS_CHILD], env={"HOTFIX_DISABLE": "1"}, pythonpath=path, timeout=300)
+    assert json_lines(upstream.stdout) == expected, upstream.stdout + upstream.stderr[-2000:]
+    fixed = run_python(["-c", ATTENTIONS_CHILD], pythonpath=path, timeout=300)
+    assert json_lines(fixed.stdout) == expected, fixed.stdout + fixed.stderr[-2000:]
+    assert repair_notices(fixed.stderr) == [], fixed.stderr[-2000:]

@@ -18,6 +18,13 @@ reentrant checkpointing, 4.56.2 and 5.23.0: upstream raises AttributeError on
 the first forward; with hotfix every gradient equals the step without
 checkpointing.  The sweep shows the same for Swinv2, Swin2SR, Donut-Swin,
 MaskFormer-Swin, Data2Vec-vision, Hiera and TimeSformer.
+
+The fix copies only where needed and says "repaired" only where upstream would have crashed
+(issue 31): GIT's "repaired" line names this fix once, and a second step still gets a copy;
+Whisper q/v after ``enable_input_require_grads()`` (its decoder embeddings are not changed in
+place), three steps where upstream is right (4.56.2 non-reentrant, 5.23.0 reentrant): with
+hotfix the first forward hands on one watched copy, the later ones upstream's own leaf, no
+"repaired" line, and losses and gradients bit-identical to ``HOTFIX_DISABLE=1``.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from conftest import json_lines, matrix_path, run_python
+from conftest import json_lines, matrix_path, repair_notices, run_python
 
 PATCH = "transformers-input-grads-leaf"
 LEAF_ERROR = "a leaf Variable that requires grad is being used in an in-place operation"
@@ -68,6 +75,7 @@ for reentrant in ([False, True] if new_line else [True]):  # reentrant last: it 
         model.enable_input_require_grads()
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
     try:
+        step(model, batch)  # a second step: the model changes the leaf in place every time, so it still gets a copy
         checked_loss, grads = step(model, batch)
     except RuntimeError as exc:
         print(json.dumps(dict(out, status="crash", error=str(exc)[:200])), flush=True)
@@ -131,20 +139,28 @@ print(json.dumps(out), flush=True)
 """
 
 
-def _run(version, enabled, child=CHILD):
-    env = {"OMP_NUM_THREADS": "1"}
+def _run(version, enabled, child=CHILD, notices=None, env=None):
+    """The child's JSON lines by ``reentrant``; with ``notices`` (a list), its "repaired" lines appended there."""
+    env = dict({"OMP_NUM_THREADS": "1"}, **(env or {}))
     if not enabled:
         env["HOTFIX_DISABLED_PATCHES"] = PATCH
     proc = run_python(["-c", child], env=env, pythonpath=[matrix_path("transformers", version)], timeout=300)
     results = {r["reentrant"]: r for r in json_lines(proc.stdout)}
     assert results, proc.stderr[-3000:]
+    if notices is not None:
+        notices.extend(repair_notices(proc.stderr))
     return results
+
+
+def _lines_of(notices, fix=PATCH):
+    return [line for line in notices if f"; {fix}, " in line]
 
 
 @pytest.mark.parametrize("version", ["4.56.2", "5.23.0"])
 def test_embeddings_changed_in_place_crash_upstream_and_train_exactly_with_hotfix(version):
+    notices = {False: [], True: []}
     with ThreadPoolExecutor(2) as pool:
-        without, with_patch = pool.map(lambda enabled: _run(version, enabled), (False, True))
+        without, with_patch = pool.map(lambda enabled: _run(version, enabled, notices=notices[enabled]), (False, True))
     reentrant_modes = [True, False] if version.startswith("5.") else [True]
     assert sorted(without) == sorted(with_patch) == sorted(reentrant_modes), (without, with_patch)
 
@@ -158,6 +174,11 @@ def test_embeddings_changed_in_place_crash_upstream_and_train_exactly_with_hotfi
         assert result["total"] == 8 and result["missing"] == 0, result  # 2 layers x query, value x weight, bias
         assert result["same_loss"] and result["no_grad_leaf"], result
 
+    # upstream would have crashed: one line, naming this fix (opted out: none)
+    assert _lines_of(notices[False]) == [], notices
+    said = _lines_of(notices[True])
+    assert len(said) == 1 and said[0].startswith("hotfix: repaired a forward of the input embeddings"), notices
+
     revert = with_patch[True]
     assert PATCH in revert["reverted"], revert
     assert LEAF_ERROR in revert["after_revert"], revert
@@ -166,9 +187,58 @@ def test_embeddings_changed_in_place_crash_upstream_and_train_exactly_with_hotfi
 
 @pytest.mark.parametrize("version", ["4.56.2", "5.23.0"])
 def test_embeddings_returning_a_tuple_crash_upstream_and_train_exactly_with_hotfix(version):
+    notices = []
     with ThreadPoolExecutor(2) as pool:
-        without, with_patch = pool.map(lambda enabled: _run(version, enabled, TUPLE_CHILD)[True], (False, True))
+        without, with_patch = pool.map(lambda enabled: _run(version, enabled, TUPLE_CHILD, notices if enabled else None)
+                                       [True], (False, True))
     assert not without["applied"] and without["status"] == "crash", without
+    assert len(_lines_of(notices)) == 1 and "return a tuple" in notices[0], notices
     assert "'tuple' object has no attribute 'requires_grad_'" in without["error"], without
     assert with_patch["applied"] and with_patch["status"] == "equal", with_patch
     assert with_patch["total"] == 12 and with_patch["missing"] == 0, with_patch  # 3 blocks x q, v x weight, bias
+
+
+# Whisper q/v after enable_input_require_grads(): the hook's leaf is the decoder embeddings' output, which
+# Whisper adds its positions to out of place.  An observer hook registered after hotfix's sees what the
+# module hands on: a copy (not a leaf) or upstream's own leaf.
+QUIET_CHILD = r"""
+import hashlib, json
+import torch, transformers
+import tiny_models
+import hotfix
+from hotfix.diagnostics.compare import collect_grads
+
+new_line = transformers.__version__.startswith("5.")
+reentrant = new_line  # where upstream is right: 5.x reentrant, 4.x non-reentrant
+model, batch = tiny_models.whisper_qv_only()  # q/v train; enable_input_require_grads()
+model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+handed_on = []
+embeddings = model.get_input_embeddings()
+embeddings.register_forward_hook(lambda m, i, o: handed_on.append("leaf" if o.is_leaf else "copy"))
+digest, losses = hashlib.sha256(), []
+for _ in range(3):
+    model.zero_grad(set_to_none=True)
+    loss = model(**batch).loss
+    loss.backward()
+    losses.append(loss.item())
+    for name, grad in sorted(collect_grads(model).items()):
+        digest.update(name.encode() + (b"none" if grad is None else grad.numpy().tobytes()))
+print(json.dumps({"reentrant": reentrant, "handed_on": handed_on, "losses": losses, "grads": digest.hexdigest(),
+                  "applied": hotfix.known_patches()["transformers-input-grads-leaf"].applied}))
+"""
+
+
+@pytest.mark.parametrize("version", ["4.56.2", "5.23.0"])
+def test_embeddings_not_changed_in_place_get_one_watched_copy_then_none_and_no_notice(version):
+    notices = []
+    with ThreadPoolExecutor(2) as pool:
+        upstream, with_hotfix = pool.map(
+            lambda enabled: next(iter(_run(version, True, QUIET_CHILD, notices if enabled else None,
+                                           env=None if enabled else {"HOTFIX_DISABLE": "1"}).values())),
+            (False, True))
+    assert upstream["applied"] is False and with_hotfix["applied"] is True, (upstream, with_hotfix)
+    assert upstream["handed_on"] == ["leaf"] * 3, upstream
+    assert with_hotfix["handed_on"] == ["copy", "leaf", "leaf"], with_hotfix  # watched once, then upstream's leaf
+    assert with_hotfix["losses"] == upstream["losses"] and with_hotfix["grads"] == upstream["grads"], (upstream,
+                                                                                                      with_hotfix)
+    assert _lines_of(notices) == [], notices  # upstream is right here: nothing "repaired" (tests/e2e/test_repair_truth.py: no fix says it)

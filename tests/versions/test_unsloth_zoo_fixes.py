@@ -15,14 +15,17 @@ closure-tensor bug is left).
 
 from __future__ import annotations
 
+import textwrap
+
 import pytest
 
-from conftest import LAB, json_lines, matrix_path, matrix_versions, run_python
+from conftest import LAB, hotfix_lines, json_lines, matrix_path, matrix_versions, run_python
 
 BACKWARD_TWICE = "Trying to backward through the graph a second time"
 WRONG_GRAD_COUNT = "UnslothCheckpointFunctionBackward returned an incorrect number of gradients"
 OFFLOAD_MESSAGE = "Unsloth: Will smartly offload gradients to save VRAM!"
 ZOO_ONLY = {"HOTFIX_DISABLED_PATCHES": "transformers-checkpoint-layer-io"}
+ZOO_OPTED_OUT = {"HOTFIX_DISABLED_PATCHES": "unsloth-zoo-closure-tensors,unsloth-zoo-offload-backward"}
 
 # Upstream behaviour as measured (see /work/unsloth_research/REPORT.md section 7).
 # offload: how many of the 4 layers upstream offloads in steps 1..3 (layer 1's
@@ -35,8 +38,8 @@ UPSTREAM = {
 }
 # Patches applied by hotfix, per release.
 APPLIED = {
-    "2025.11.3": {"unsloth-zoo-closure-tensors", "unsloth-zoo-offload-backward"},
-    "2025.11.5": {"unsloth-zoo-closure-tensors", "unsloth-zoo-offload-backward"},
+    "2025.11.3": {"unsloth-zoo-closure-tensors", "unsloth-zoo-offload-backward", "unsloth-zoo-nonreentrant-offload"},
+    "2025.11.5": {"unsloth-zoo-closure-tensors", "unsloth-zoo-offload-backward", "unsloth-zoo-nonreentrant-offload"},
     "2026.8.9": {"unsloth-zoo-closure-tensors", "unsloth-zoo-offload-backward"},
     "2026.10.9": {"unsloth-zoo-closure-tensors"},
 }
@@ -189,6 +192,78 @@ def test_frozen_base_and_nested_outputs_through_unsloths_function_on_transformer
     assert fixed["unsloth_nodes"] == 2, fixed
 
 
+@pytest.mark.parametrize("version", ["2025.11.5", "2026.8.9"])
+def test_the_transformers_fixes_with_the_zoo_fixes_opted_out(version):
+    """Issue 31 item 11: with both unsloth-zoo fixes opted out (hotfix's transformers fixes on), Whisper with
+    adapters on q/v and no enable_input_require_grads() crashed with "UnslothCheckpointFunctionBackward returned
+    an incorrect number of gradients": the frozen-inputs anchor (and lifted encoder states) came after a frozen
+    first input, and these releases' own backward then returns one gradient (frozen-first-input, 2025.1.1 -
+    2026.8.10).  Upstream the loss has no graph at all ("does not require grad"); now the anchor goes first
+    and every adapter gradient equals a run without checkpointing."""
+    cases = ["whisper-qv-no-hook", "whisper-lora-no-hook"]
+    results = _run(version, cases, then=cases + ["whisper"], env=ZOO_OPTED_OUT)
+    header = results[("hotfix", "header")]
+    assert not any(header["applied"][name] for name in ("unsloth-zoo-offload-backward", "unsloth-zoo-closure-tensors"))
+    assert header["applied"]["transformers-frozen-inputs"] and header["applied"]["transformers-checkpoint-layer-io"]
+    for case in cases:
+        upstream, fixed = results[("upstream", case)], results[("hotfix", case)]
+        assert upstream["status"] == "crash" and "does not require grad" in upstream["error"], upstream
+        _equal(fixed)
+        assert fixed["summary"].startswith("24/24") and fixed["unsloth_nodes"] == 4, fixed
+    _equal(results[("hotfix", "whisper")])  # first inputs needing grad: no anchor, lifted encoder states
+
+
+# unsloth-zoo-closure-tensors with unsloth-zoo-offload-backward opted out: a tensor bound in the partial, the
+# first input frozen (a layer whose hidden states come from frozen embeddings), straight through unsloth's apply.
+CLOSURE_FROZEN_FIRST = textwrap.dedent(
+    """
+    import functools, json
+    import hotfix  # activates: the release's patches arrive through the post-import hooks
+    from zoo_loader import install_unsloth_swap, load_release
+    import torch
+
+    gc = load_release()
+    install_unsloth_swap(gc)
+    torch.manual_seed(0)
+    encoder, layer = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+    x, hidden = torch.randn(3, 8), torch.randn(3, 8)  # hidden: needs no grad
+
+    def call(h, context):
+        return torch.tanh(layer(h) + context)
+
+    def grads(checkpointed):
+        encoder.zero_grad(set_to_none=True), layer.zero_grad(set_to_none=True)
+        context = encoder(x)
+        bound = functools.partial(call, context=context)
+        out = gc.UnslothCheckpointFunction.apply(bound, True, hidden) if checkpointed else bound(hidden)
+        out.sum().backward()
+        return [p.grad for p in (*encoder.parameters(), *layer.parameters())]
+
+    reference = grads(False)
+    try:
+        got = grads(True)
+    except RuntimeError as exc:
+        print(json.dumps({"error": str(exc).splitlines()[0]}))
+    else:
+        print(json.dumps({"equal": all(g is not None and torch.allclose(g, r, rtol=1e-6, atol=0)
+                                       for g, r in zip(got, reference))}))
+    """
+)
+
+
+def test_the_closure_fix_behind_a_frozen_first_input_with_the_offload_fix_opted_out():
+    """The closure fix lifted the bound tensor behind a frozen first input, and the release's own backward
+    (unsloth-zoo-offload-backward opted out) returned one gradient: a crash where upstream's is "does not
+    require grad".  Now the lifted input follows a 0-byte anchor that needs grad: every gradient equal."""
+    path = [matrix_path("unsloth-zoo", "2025.11.5")]
+    upstream = run_python(["-c", CLOSURE_FROZEN_FIRST], env={"HOTFIX_DISABLE": "1"}, pythonpath=path, timeout=300)
+    assert "does not require grad" in json_lines(upstream.stdout)[0]["error"], upstream.stdout + upstream.stderr
+    fixed = run_python(["-c", CLOSURE_FROZEN_FIRST], env={"HOTFIX_DISABLED_PATCHES": "unsloth-zoo-offload-backward"},
+                       pythonpath=path, timeout=300)
+    assert json_lines(fixed.stdout) == [{"equal": True}], fixed.stdout + fixed.stderr[-3000:]
+    assert not hotfix_lines(fixed.stderr), fixed.stderr[-3000:]
+
+
 def test_late_activation_and_zoo_patch_alone():
     """hotfix imported after the release and after unsloth swapped torch's Function,
     with the transformers patch opted out: the zoo patch alone fixes the HF path."""
@@ -208,8 +283,9 @@ def test_drift_skips_with_one_warning_each():
     lines = json_lines(proc.stdout)
     assert len(lines) == 1, proc.stderr[-3000:]
     got = lines[0]
-    assert got["applied"] == {"unsloth-zoo-closure-tensors": False, "unsloth-zoo-offload-backward": False}
-    assert len(got["warnings"]) == 2
+    zoo_fixes = {"unsloth-zoo-closure-tensors", "unsloth-zoo-offload-backward", "unsloth-zoo-nonreentrant-offload"}
+    assert got["applied"] == dict.fromkeys(zoo_fixes, False)
+    assert len(got["warnings"]) == len(zoo_fixes)  # one line per fix that targets the release
     for name, error in got["errors"].items():
         assert error.startswith("skipped, target changed:") and "preserve_rng_state" in error
     assert got["grad"] == [2.0, 2.0] and got["apply_is_inherited"]  # the user's code still runs
