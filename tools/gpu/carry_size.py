@@ -1,9 +1,10 @@
-"""How much a device call carries: the working tree that travels plus the carried folder (limit 64 MiB).
+"""How much a device call carries: the working tree that travels plus the carried folders (limit 64 MiB).
 
-    python tools/gpu/carry_size.py CARRY_DIR [--limit-mib 64]
+    python tools/gpu/carry_size.py CARRY_DIR [CARRY_DIR ...] [--limit-mib 64]
 
 What travels is every file git tracks plus untracked files it does not
-ignore, and the carried folder.  Exits 1 (and says so) when over the limit.
+ignore, and the carried folders (one call's carry list; a part of the kit
+carries a subset, tools/gpu/parts.py).  Exits 1 (and says so) when over the limit.
 """
 
 from __future__ import annotations
@@ -39,8 +40,9 @@ def size_of(paths):
 
 
 def check(root, carry, limit_mib=LIMIT_MIB):
-    """(tree bytes, carried bytes, within the limit?)"""
-    carried = sorted(folder_files(carry)) if os.path.isdir(carry) else []
+    """(tree bytes, carried bytes, within the limit?); ``carry``: one folder or a list of them."""
+    carries = [carry] if isinstance(carry, str) else list(carry)
+    carried = sorted({path for folder in carries if os.path.isdir(folder) for path in folder_files(folder)})
     carried_set = {os.path.realpath(p) for p in carried}
     tree = [p for p in tree_files(root) if os.path.realpath(p) not in carried_set]
     tree_bytes, carry_bytes = size_of(tree), size_of(carried)
@@ -49,13 +51,14 @@ def check(root, carry, limit_mib=LIMIT_MIB):
 
 def main(argv=None):
     p = argparse.ArgumentParser()
-    p.add_argument("carry")
+    p.add_argument("carry", nargs="+")
     p.add_argument("--root", default=os.getcwd())
     p.add_argument("--limit-mib", type=float, default=LIMIT_MIB)
     args = p.parse_args(argv)
     tree_bytes, carry_bytes, ok = check(args.root, args.carry, args.limit_mib)
-    for path in sorted(folder_files(args.carry)) if os.path.isdir(args.carry) else []:
-        print(f"  {os.path.getsize(path) / 2**20:7.2f} MiB  {os.path.relpath(path, args.root)}")
+    for folder in args.carry:
+        for path in sorted(folder_files(folder)) if os.path.isdir(folder) else []:
+            print(f"  {os.path.getsize(path) / 2**20:7.2f} MiB  {os.path.relpath(path, args.root)}")
     total = (tree_bytes + carry_bytes) / 2**20
     print(f"carry: {carry_bytes / 2**20:.2f} MiB + working tree {tree_bytes / 2**20:.2f} MiB = {total:.2f} MiB "
           f"(limit {args.limit_mib:g} MiB): {'fits' if ok else 'OVER THE LIMIT'}")

@@ -1,16 +1,59 @@
-"""Print the GPU machine's facts as JSON (device, driver, versions) for the kit's report."""
+"""Print the GPU machine's facts as JSON (device, driver, versions) for the kit's report.
+
+    python tools/gpu/environment.py [--part NAME] [--site DIR]
+
+Also which hotfix this interpreter imports from the current directory (``hotfix_file``)
+and whether its fixes load there (``hotfix_fixes``): a checkout's root on sys.path shadows
+the installed wheel with a ``hotfix/`` that has no ``hotfix.patches`` (2026-11-25: every
+fix "could not be loaded" and the seed's crash came back), so the kit runs everything
+from outside the checkout and records here what was imported.  ``--site``: the folders
+the kit installed releases into (``pip --target``), each with the versions it holds.
+"""
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
 import platform
 import subprocess
 import sys
 from datetime import datetime, timezone
 
 
-def main():
+def installed_in(folder):
+    """{distribution: version} of the dist-info folders directly in ``folder``."""
+    found = {}
+    for name in sorted(os.listdir(folder)):
+        if name.endswith(".dist-info"):
+            dist, _, version = name[: -len(".dist-info")].rpartition("-")
+            found[dist] = version
+    return found
+
+
+def hotfix_facts():
+    try:
+        import hotfix
+
+        facts = {"hotfix_file": hotfix.__file__, "cwd": os.getcwd()}
+        facts["hotfix_fixes"] = sorted(hotfix.known_patches())
+        from hotfix.registry import registry
+
+        if registry.load_errors:
+            facts["hotfix_load_errors"] = dict(registry.load_errors)
+        return facts
+    except Exception as exc:
+        return {"hotfix_file": f"not importable: {exc!r}", "cwd": os.getcwd()}
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser()
+    p.add_argument("--part", default=None)
+    p.add_argument("--site", default=None)
+    args = p.parse_args(argv)
     facts = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "python": platform.python_version()}
+    if args.part:
+        facts["part"] = args.part
     try:
         import torch
 
@@ -29,13 +72,17 @@ def main():
         facts["driver"] = smi.stdout.strip() or smi.stderr.strip()
     except Exception as exc:
         facts["driver"] = f"nvidia-smi unavailable: {type(exc).__name__}"
-    for name in ("transformers", "peft", "accelerate", "hotfix-checkpoint"):
-        try:
-            from importlib.metadata import version
+    from importlib.metadata import version
 
+    for name in ("transformers", "peft", "accelerate", "tokenizers", "huggingface-hub", "hotfix-checkpoint"):
+        try:
             facts[name] = version(name)
         except Exception:
             facts[name] = None
+    facts.update(hotfix_facts())
+    if args.site and os.path.isdir(args.site):
+        facts["installed"] = {name: installed_in(os.path.join(args.site, name)) for name in sorted(os.listdir(args.site))
+                              if os.path.isdir(os.path.join(args.site, name)) and not name.startswith("work")}
     json.dump(facts, sys.stdout, indent=1)
     print()
 

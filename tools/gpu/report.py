@@ -1,13 +1,18 @@
-"""Turn a GPU-kit run's files in OUT into results.json and report.md (ratios from one run).
+"""Turn a GPU-kit part's files in OUT into results.json and report.md (ratios from one run).
 
     python tools/gpu/report.py OUT
 
-Reads OUT/environment.json (tools/gpu/environment.py), OUT/gpu-tests.xml
-(pytest's junit file) and OUT/bench.json (tools/gpu/bench.py).  The three
-targets of issue 10 are reported, never asserted:
-  step-1 peak, hotfix + 2025.11.3 / upstream 2025.11.5     target: within 2 %
-  steady peak, hotfix / use_reentrant=False, largest common batch   target: <= 0.8
-  median step time, hotfix / use_reentrant=False, same batch        target: <= 1.10
+Reads whatever the part wrote: environment.json (tools/gpu/environment.py), gpu-tests.xml
+(pytest's junit file), sanitizer.txt, bench.json (tools/gpu/bench.py), soak.jsonl
+(tools/gpu/soak.py), compile.jsonl (tools/lab/compile_case.py), ddp/{upstream,hotfix}/rank0.json
+(tools/lab/ddp_cases.py under torchrun, one GPU), nonreentrant.jsonl (tools/gpu/nonreentrant.py),
+fit.json (tools/gpu/fit.py), unsloth-tests.xml and unsloth-flow.jsonl (tests/versions/
+test_unsloth_gpu.py, tools/gpu/unsloth_flow.py).
+The targets are reported, never asserted:
+  step-1 peak, hotfix + 2025.11.3 / upstream 2025.11.5 (the anchor shape)   target: within 2 %
+  steady peak, hotfix / use_reentrant=False, largest common batch          target: <= 0.8
+  median step time, hotfix / use_reentrant=False, same batch               target: <= 1.10
+A ratio whose variants' gradients were not equal to the reference says so.
 """
 
 from __future__ import annotations
@@ -17,7 +22,21 @@ import os
 import sys
 import xml.etree.ElementTree as ET
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import nonreentrant  # noqa: E402  (its verdict and peak ratios: the expectations live with the case)
+
 HOTFIX_VARIANTS = ("hotfix+zoo-2025.11.3", "hotfix+zoo-2026.10.9")
+#: (fixed, upstream) pairs whose step-1 peaks the goal compares: the anchor shape, then the main one
+STEP1_PAIRS = (("anchor:hotfix+zoo-2025.11.3", "anchor:zoo-2025.11.5"), ("hotfix+zoo-2025.11.3", "zoo-2025.11.5"))
+RACE_LINE = "CSAN detected a possible data race"
+DDP_ERROR = "Expected to mark a variable ready only once"
+#: tools/lab/ddp_cases.py's cases that fail upstream with DDP_ERROR (docs/fixes/transformers-ddp-find-unused.md);
+#: trainer-lora only where the Trainer wrapped the model in DDP: accelerate does on the CPU with one process, on
+#: CUDA only with more than one (accelerate 1.15 MULTI_GPU), so on one GPU it is expected to train outside DDP
+DDP_UPSTREAM_FAILS = ("lora", "full", "lora+unused", "lora+no_sync", "trainer-lora")
+#: upstream trains these: static_graph (DDP does not search); whisper-lora fails upstream first for another reason
+#: (no layer input needs grad: transformers-frozen-inputs' mechanism), which the hotfix run repairs as well
+DDP_UPSTREAM_OTHER = {"lora+static_graph": "ok, equal", "whisper-lora": "fails (not the DDP error)"}
 
 
 def _load(path, default):
@@ -28,6 +47,14 @@ def _load(path, default):
         return default
 
 
+def _lines(path):
+    try:
+        with open(path) as handle:
+            return [json.loads(line) for line in handle if line.startswith("{")]
+    except (OSError, ValueError):
+        return None
+
+
 def tests_summary(path):
     try:
         root = ET.parse(path).getroot()
@@ -35,20 +62,35 @@ def tests_summary(path):
         return {"ran": False}
     cases = []
     for case in root.iter("testcase"):
-        outcome = "passed"
+        outcome, message = "passed", None
         for child in case:
+            first = ((child.get("message") or "").strip().splitlines() or [""])[0][:300]
             if child.tag in ("failure", "error"):
-                outcome = "failed"
+                outcome, message = "failed", first
             elif child.tag == "skipped":
-                outcome = "skipped"
-        cases.append({"name": case.get("name"), "outcome": outcome, "seconds": float(case.get("time", 0))})
+                outcome, message = "skipped", first
+        cases.append({"name": case.get("name"), "outcome": outcome, "seconds": float(case.get("time", 0)),
+                      "message": message})
     counts = {k: sum(c["outcome"] == k for c in cases) for k in ("passed", "failed", "skipped")}
     return {"ran": True, **counts, "cases": cases}
 
 
+def sanitizer_verdict(found):
+    result = found["result"] or {}
+    if found["races"]:
+        return f"{found['races']} race(s) reported"
+    if not result:
+        return f"no result (exit status {found['exit_status']})"
+    if result.get("status") != "ok":
+        return f"{result.get('status')}: {result.get('error')}"
+    if not result.get("offload_message_step1"):
+        return "0 races, but the offload line did not print: nothing was offloaded, this proves nothing"
+    return "0 races with the offload active from step 1"
+
+
 def sanitizer_summary(path):
     """What CUDA's stream sanitizer said (scripts/gpu/run's sanitizer step): per release, races reported,
-    exit status and the JSON result line; None when the step did not run."""
+    exit status, the JSON result line and the verdict; None when the step did not run."""
     try:
         text = open(path).read()
     except OSError:
@@ -58,10 +100,77 @@ def sanitizer_summary(path):
         version, _, body = block.partition("\n")
         rows = [json.loads(line) for line in body.splitlines() if line.startswith("{")]
         status = [line.split()[-1] for line in body.splitlines() if line.startswith("exit status")]
-        releases[version.strip()] = {"races": body.count("CSAN detected a possible data race"),
-                                     "exit_status": int(status[-1]) if status else None,
-                                     "result": rows[0] if rows else None}
+        found = {"races": body.count(RACE_LINE), "exit_status": int(status[-1]) if status else None,
+                 "result": rows[0] if rows else None}
+        found["verdict"] = sanitizer_verdict(found)
+        releases[version.strip()] = found
     return releases
+
+
+def ddp_summary(out):
+    """The 1-GPU DDP case: each case upstream and with hotfix against what docs/fixes/transformers-ddp-find-unused.md
+    measured on CPU, and the verdict; None when the case did not run."""
+    runs = {run: _load(os.path.join(out, "ddp", run, "rank0.json"), None) for run in ("upstream", "hotfix")}
+    if not any(runs.values()):
+        return None
+    problems, notes, rows = [], [], []
+    for run, want in (("upstream", False), ("hotfix", True)):
+        if runs[run] is None:
+            problems.append(f"{run}: no result (ddp/{run}/rank0.json missing: see extras-log.txt)")
+        elif runs[run].get("hotfix_loaded") is not want:
+            problems.append(f"{run}: hotfix_loaded {runs[run].get('hotfix_loaded')}, expected {want}")
+    names = []
+    for data in runs.values():
+        names += [name for name in (data or {}).get("cases", {}) if name not in names]
+    for name in names:
+        up, fixed = ((runs[run] or {}).get("cases", {}).get(name) for run in ("upstream", "hotfix"))
+        rows.append({"case": name, "upstream": up, "hotfix": fixed})
+        if name == "trainer-lora":
+            for run, case in (("upstream", up), ("hotfix", fixed)):
+                if case and case.get("ok") and case.get("wrapper") != "DistributedDataParallel":
+                    notes.append(f"trainer-lora ({run}) ran outside DDP (wrapper {case.get('wrapper')}): "
+                                 f"accelerate wraps one CUDA process in no DDP; it shows nothing about DDP here")
+        if up is not None:
+            outside_ddp = name == "trainer-lora" and up.get("ok") and up.get("wrapper") != "DistributedDataParallel"
+            if name in DDP_UPSTREAM_FAILS and not outside_ddp and DDP_ERROR not in str(up.get("error")):
+                problems.append(f"upstream {name}: {_case_text(up)}, expected \"{DDP_ERROR}\"")
+            if name == "lora+static_graph" and not (up.get("ok") and up.get("equal")):
+                problems.append(f"upstream {name}: {_case_text(up)}, expected ok and equal")
+            if name == "whisper-lora" and (up.get("ok") or DDP_ERROR in str(up.get("error"))):
+                problems.append(f"upstream {name}: {_case_text(up)}, expected another error first")
+        if fixed is not None and not (fixed.get("ok") and fixed.get("equal")):
+            problems.append(f"hotfix {name}: {_case_text(fixed)}, expected ok and every gradient equal")
+    return {"rows": rows, "problems": problems, "notes": notes,
+            "device": next((r.get("device") for r in runs.values() if r), None),
+            "versions": next(({k: r.get(k) for k in ("torch", "transformers")} for r in runs.values() if r), {})}
+
+
+def _case_text(case):
+    if case is None:
+        return "–"
+    if not case.get("ok"):
+        return f"fails: {case.get('error')}"
+    return f"ok, {case.get('summary')}"
+
+
+def nonreentrant_summary(path):
+    """tools/gpu/nonreentrant.py's rows, its verdict (recomputed from the rows) and the peak ratios; None: not run."""
+    lines = _lines(path)
+    if lines is None:
+        return None
+    rows = [line for line in lines if "variant" in line]
+    return {"rows": rows, "problems": nonreentrant.verdict(rows), "ratios": nonreentrant.peak_ratios(rows)}
+
+
+def unsloth_summary(out):
+    """The seed's FastModel flow: its GPU test's outcome and the flow's rows; None when the part did not run."""
+    tests = tests_summary(os.path.join(out, "unsloth-tests.xml"))
+    lines = _lines(os.path.join(out, "unsloth-flow.jsonl")) or []
+    if not tests.get("ran") and not lines:
+        return None
+    verdicts = [line for line in lines if "verdict" in line]
+    return {"tests": tests, "rows": [line for line in lines if "variant" in line],
+            "verdict": verdicts[-1] if verdicts else None}
 
 
 def _ratio(a, b):
@@ -72,25 +181,56 @@ def _ok(rows, variant):
     return {r["batch"]: r for r in rows if r.get("variant") == variant and r.get("status") == "ok"}
 
 
+def _gradients(rows, variant):
+    """True / False: the variant's compared batch had every gradient equal; None: not compared."""
+    compared = [r for r in rows if r.get("variant") == variant and "grads_equal" in r]
+    return all(all(r["grads_equal"]) for r in compared) if compared else None
+
+
+def _target(rows, mine, theirs, batch, key, target):
+    found = {"batch": batch, "ratio": _ratio(_ok(rows, mine)[batch][key], _ok(rows, theirs)[batch][key]),
+             "target": target}
+    unequal = [v for v in (mine, theirs) if _gradients(rows, v) is False]
+    if unequal:
+        found["note"] = "gradients not equal to the reference in " + ", ".join(unequal)
+    return found
+
+
 def targets(rows):
     out = {}
-    fixed, upstream = _ok(rows, "hotfix+zoo-2025.11.3"), _ok(rows, "zoo-2025.11.5")
-    common = sorted(set(fixed) & set(upstream))
-    if common:
-        b = common[0]
-        out["step1_peak_hotfix_2025_11_3_over_upstream_2025_11_5"] = {
-            "batch": b, "ratio": _ratio(fixed[b]["step1_peak"], upstream[b]["step1_peak"]), "target": "within 2 % of 1.0"}
-    workaround = _ok(rows, "non-reentrant")
-    for variant in HOTFIX_VARIANTS:
-        mine = _ok(rows, variant)
-        shared = sorted(set(mine) & set(workaround))
-        if not shared:
-            continue
-        b = shared[-1]
-        out[f"steady_peak_{variant}_over_non_reentrant"] = {
-            "batch": b, "ratio": _ratio(mine[b]["steady_peak"], workaround[b]["steady_peak"]), "target": "<= 0.8"}
-        out[f"step_time_{variant}_over_non_reentrant"] = {
-            "batch": b, "ratio": _ratio(mine[b]["median_s"], workaround[b]["median_s"]), "target": "<= 1.10"}
+    for fixed, upstream in STEP1_PAIRS:
+        common = sorted(set(_ok(rows, fixed)) & set(_ok(rows, upstream)))
+        for b in sorted({common[0], common[-1]}) if common else ():
+            out[f"step1_peak_{fixed}_over_{upstream}_b{b}"] = _target(rows, fixed, upstream, b, "step1_peak",
+                                                                      "within 2 % of 1.0")
+    for reference in ("non-reentrant", "hf-offload"):
+        for variant in HOTFIX_VARIANTS:
+            shared = sorted(set(_ok(rows, variant)) & set(_ok(rows, reference)))
+            if not shared:
+                continue
+            b = shared[-1]
+            goal = reference == "non-reentrant"
+            out[f"steady_peak_{variant}_over_{reference}"] = _target(rows, variant, reference, b, "steady_peak",
+                                                                    "<= 0.8" if goal else "none (comparison)")
+            out[f"step_time_{variant}_over_{reference}"] = _target(rows, variant, reference, b, "median_s",
+                                                                  "<= 1.10" if goal else "none (comparison)")
+    return out
+
+
+def soak_summary(rows):
+    """Each soak run with its loss curve set beside the non-reentrant run's (largest step-wise difference)."""
+    if rows is None:
+        return None
+    workaround = next((r for r in rows if r.get("mode") == "non-reentrant" and r.get("status") == "ok"), None)
+    out = []
+    for r in rows:
+        found = {k: r.get(k) for k in ("mode", "zoo", "hotfix", "status", "error", "batch", "first_loss", "last_loss",
+                                       "peak_max", "peak_spread", "allocated_growth", "rss_growth", "median_s")}
+        found["steps"] = len(r.get("steps", []))
+        if workaround and r is not workaround and r.get("status") == "ok":
+            pairs = list(zip(r["steps"], workaround["steps"]))
+            found["max_loss_difference_vs_non_reentrant"] = max(abs(a["loss"] - b["loss"]) for a, b in pairs)
+        out.append(found)
     return out
 
 
@@ -98,42 +238,154 @@ def _mib(value):
     return "–" if value is None else f"{value / 2**20:,.0f} MiB"
 
 
-def markdown(env, tests, bench, found, sanitizer=None):
+def _mib_of(value):
+    """A figure already in MiB (unsloth_flow.py's rows)."""
+    return "–" if value is None else f"{value:,.1f} MiB"
+
+
+def _label(run):
+    return f"{run.get('mode')}{' ' + run['zoo'] if run.get('zoo') else ''} ({'hotfix' if run.get('hotfix') else 'upstream'})"
+
+
+def markdown(env, tests, bench, found, sanitizer=None, soak=None, compiled=None, fit=None, ddp=None, routing=None,
+             unsloth=None):
     lines = ["# GPU kit results", ""]
-    lines += [f"- {k}: {v}" for k, v in env.items()]
-    lines += ["", "## GPU tests", ""]
+    lines += [f"- {k}: {v}" for k, v in env.items() if k != "installed"]
+    for folder, versions in env.get("installed", {}).items():
+        lines.append(f"- installed {folder}: " + ", ".join(f"{k} {v}" for k, v in versions.items()))
     if tests.get("ran"):
+        lines += ["", "## GPU tests", ""]
         lines.append(f"{tests['passed']} passed, {tests['failed']} failed, {tests['skipped']} skipped")
-        lines += [f"- {c['outcome']}: {c['name']} ({c['seconds']:.1f} s)" for c in tests["cases"]]
-    else:
-        lines.append("not run")
-    lines += ["", "## CUDA stream sanitizer (TORCH_CUDA_SANITIZER=1) over hotfix's offloader", ""]
-    if not sanitizer:
-        lines.append("not run")
-    for version, found_here in (sanitizer or {}).items():
-        result = found_here["result"] or {}
-        lines.append(f"- unsloth-zoo {version}: {found_here['races']} race(s) reported, exit status "
-                     f"{found_here['exit_status']}, status {result.get('status', '–')}, gradients equal "
-                     f"{result.get('grads_equal', '–')}")
-    lines += ["", "## Benchmark", ""]
-    settings = bench.get("settings", {})
-    lines.append("settings: " + ", ".join(f"{k}={v}" for k, v in settings.items() if k in
-                                            ("dims", "dtype", "lora", "batches", "steps")))
-    lines += ["", "| variant | batch | status | gradients = no checkpointing | step-1 peak | steady peak | median step "
-              "| offload line in step 1 |", "|---|---|---|---|---|---|---|---|"]
-    for r in bench.get("rows", []):
-        median = r.get("median_s")
-        lines.append(f"| {r.get('variant')} | {r.get('batch', '–')} | {r.get('status')}"
-                     + (f": {r.get('error')}" if r.get("error") else "")
-                     + f" | {r.get('grads_equal', '–')} | {_mib(r.get('step1_peak'))} | {_mib(r.get('steady_peak'))} | "
-                     + ("–" if median is None else f"{median:.3f} s") + f" | {r.get('offload_message_step1', '–')} |")
-    lines += ["", "## Targets (reported, not asserted)", ""]
-    if not found:
-        lines.append("no ratio could be formed (variants missing or failed)")
-    for name, t in found.items():
-        value = "n/a (no CUDA memory figures)" if t["ratio"] is None else f"{t['ratio']:.3f}"
-        lines.append(f"- {name}: {value} at batch {t['batch']} (target {t['target']})")
+        lines += [f"- {c['outcome']}: {c['name']} ({c['seconds']:.1f} s)"
+                  + (f": {c['message']}" if c["outcome"] != "passed" and c.get("message") else "") for c in tests["cases"]]
+    if sanitizer is not None:
+        lines += ["", "## CUDA stream sanitizer (TORCH_CUDA_SANITIZER=1) over hotfix's offloader, batch 4", ""]
+        lines += ["not run"] if not sanitizer else []
+        for version, f in sanitizer.items():
+            result = f["result"] or {}
+            lines.append(f"- unsloth-zoo {version}: {f['verdict']}; exit status {f['exit_status']}, offload line in "
+                         f"step 1 {result.get('offload_message_step1', '–')}, gradients equal "
+                         f"{result.get('grads_equal', '–')} (max rel. {result.get('max_rel_error', '–')}, "
+                         f"bound {result.get('bound', '–')})")
+    if bench:
+        lines += ["", "## Benchmark", ""]
+        settings = bench.get("settings", {})
+        lines.append("settings: " + ", ".join(f"{k}={v}" for k, v in settings.items() if k in
+                                                ("dims", "dtype", "lora", "batches", "steps", "budget")))
+        lines += ["", "| variant | batch | status | gradients = no checkpointing (max rel. / bound) | step-1 peak "
+                  "| steady peak | median step | offload line in step 1 |", "|---|---|---|---|---|---|---|---|"]
+        for r in bench.get("rows", []):
+            median = r.get("median_s")
+            grads = "–" if "grads_equal" not in r else (
+                f"{r['grads_equal']} ({r.get('max_rel_error', 0):.2g} / "
+                + ("–" if r.get("bound") is None else f"{r['bound']:.2g}")
+                + (f", {r['missing_grads']} missing" if r.get("missing_grads") else "") + ")")
+            lines.append(f"| {r.get('variant')} | {r.get('batch', '–')} | {r.get('status')}"
+                         + (f": {r.get('error')}" if r.get("error") else "")
+                         + f" | {grads} | {_mib(r.get('step1_peak'))} | {_mib(r.get('steady_peak'))} | "
+                         + ("–" if median is None else f"{median:.3f} s") + f" | {r.get('offload_message_step1', '–')} |")
+        lines += ["", "## Targets (reported, not asserted)", ""]
+        if not found:
+            lines.append("no ratio could be formed (variants missing or failed)")
+        for name, t in found.items():
+            value = "n/a (no CUDA memory figures)" if t["ratio"] is None else f"{t['ratio']:.3f}"
+            lines.append(f"- {name}: {value} at batch {t['batch']} (target {t['target']})"
+                         + (f"; {t['note']}" if t.get("note") else ""))
+    if soak is not None:
+        lines += ["", "## Soak (real optimizer steps)", "", "| run | status | steps | loss first → last | max |Δ loss| "
+                  "vs non-reentrant | peak (max, spread) | allocated growth | host RSS growth | median step |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for s in soak:
+            loss = "–" if s["first_loss"] is None else f"{s['first_loss']:.4f} → {s['last_loss']:.4f}"
+            diff = s.get("max_loss_difference_vs_non_reentrant")
+            lines.append(f"| {_label(s)} | {s['status']}" + (f": {s['error']}" if s.get("error") else "")
+                         + f" | {s['steps']} | {loss} | {'–' if diff is None else f'{diff:.4g}'} | "
+                         f"{_mib(s['peak_max'])}, {_mib(s['peak_spread'])} | {_mib(s['allocated_growth'])} | "
+                         f"{_mib(s['rss_growth'])} | " + ("–" if s["median_s"] is None else f"{s['median_s']:.3f} s") + " |")
+    if compiled is not None:
+        lines += ["", "## torch.compile over a checkpointed model (tools/lab/compile_case.py)", "",
+                  "| model | function | backend | hotfix | status | missing | max rel. | graphs / breaks / recompiles |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for c in compiled:
+            lines.append(f"| {c.get('model')} | {c.get('function')} | {c.get('backend')} | {c.get('hotfix')} | "
+                         f"{c.get('status')}" + (f": {c.get('error')}" if c.get("error") else "")
+                         + f" | {c.get('missing', '–')} | {c.get('max_rel', '–')} | "
+                         f"{c.get('graphs', '–')} / {c.get('breaks', '–')} / {c.get('recompiles', '–')} |")
+    if ddp is not None:
+        lines += _ddp_markdown(ddp)
+    if routing is not None:
+        lines += _routing_markdown(routing)
+    if unsloth is not None:
+        lines += _unsloth_markdown(unsloth)
+    if fit:
+        lines += ["", "## Largest batch (one step per probe)", ""]
+        lines += [f"- {r['variant']}: {r.get('verdict') or r.get('status')}" + (f" ({r['seconds']} s)" if "seconds" in r else "")
+                  for r in fit.get("rows", [])]
     return "\n".join(lines) + "\n"
+
+
+def _verdict_lines(problems, notes=()):
+    lines = ["", "verdict: " + ("as expected" if not problems else f"NOT as expected ({len(problems)})")]
+    lines += [f"- {problem}" for problem in problems]
+    lines += [f"- note: {note}" for note in notes]
+    return lines
+
+
+def _ddp_markdown(ddp):
+    lines = ["", "## DDP, find_unused_parameters=True, reentrant checkpointing, one GPU (tools/lab/ddp_cases.py)", "",
+             f"device {ddp['device']}, " + ", ".join(f"{k} {v}" for k, v in ddp["versions"].items()), "",
+             "| case | upstream | hotfix | upstream expected |", "|---|---|---|---|"]
+    for row in ddp["rows"]:
+        expected = DDP_UPSTREAM_OTHER.get(row["case"], f'fails: "{DDP_ERROR}"' if row["case"] in DDP_UPSTREAM_FAILS
+                                          else "–")
+        lines.append(f"| {row['case']} | {_case_text(row['upstream'])} | {_case_text(row['hotfix'])} | {expected} |")
+    return lines + _verdict_lines(ddp["problems"], ddp["notes"])
+
+
+def _routing_markdown(routing):
+    lines = ["", "## unsloth's offload under the non-reentrant default (tools/gpu/nonreentrant.py)", "",
+             "| release | variant | status | unsloth nodes per layer, per step | offload line in step 1 | step-1 peak | "
+             "steady peak | no checkpointing | gradients (max rel. / bound) | hotfix lines |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in routing["rows"]:
+        steps = r.get("steps") or []
+        grads = "–" if not steps else (
+            f"{all(s['grads_equal'] for s in steps)} ({max(s['max_rel_error'] for s in steps):.2g} / {r['bound']:.2g}"
+            + (f", {max(s['missing'] for s in steps)} missing" if any(s["missing"] for s in steps) else "") + ")")
+        lines.append(f"| {r.get('release')} | {r.get('variant')} | {r.get('status')}"
+                     + (f": {r.get('error')}" if r.get("error") else "")
+                     + f" | {[s['unsloth_nodes_per_layer'] for s in steps] or '–'} | "
+                     f"{r.get('offload_line_step1', '–')} | "
+                     f"{_mib(r.get('step1_peak'))} | {_mib(r.get('steady_peak'))} | {_mib(r.get('reference_peak'))} | "
+                     f"{grads} | {len(r.get('hotfix_lines') or [])} |")
+    lines += ["", "Steady-state peak ratios (hotfix's routed call over upstream's bypassed one, and over upstream "
+              "forced to use_reentrant=True):", ""]
+    lines += [f"- {name}: " + ("n/a (no CUDA memory figures)" if value is None else f"{value:.3f}")
+              for name, value in routing["ratios"].items()]
+    return lines + _verdict_lines(routing["problems"])
+
+
+def _unsloth_markdown(unsloth):
+    tests = unsloth["tests"]
+    lines = ["", "## The seed's FastModel flow (tests/versions/test_unsloth_gpu.py, tools/gpu/unsloth_flow.py)", ""]
+    if tests.get("ran"):
+        lines += [f"- {c['outcome']}: {c['name']} ({c['seconds']:.1f} s)"
+                  + (f": {c['message']}" if c["outcome"] != "passed" and c.get("message") else "") for c in tests["cases"]]
+    if unsloth["rows"]:
+        lines += ["", "| variant | status | gradients per step | max rel. error | dropped | offload line in step 1 | "
+                  "step-1 peak | steady peak | no checkpointing | stand-ins |", "|---|---|---|---|---|---|---|---|---|---|"]
+        for r in unsloth["rows"]:
+            errors = r.get("max_rel_error") or []
+            status = f"{r.get('status')}" + (f": {r.get('error')}" if r.get("error") else "")
+            lines.append(f"| {r.get('variant')} | {status} | {r.get('grads_equal', '–')} | "
+                         f"{f'{max(errors):.2g}' if errors else '–'} | {r.get('grads_dropped', '–')} | "
+                         f"{r.get('offload_line_step1', '–')} | {_mib_of(r.get('step1_peak_mib'))} | "
+                         f"{_mib_of(r.get('steady_peak_mib'))} | {_mib_of(r.get('reference_peak_mib'))} | "
+                         f"{', '.join(r.get('standins_imported') or []) or '–'} |")
+    verdict = unsloth.get("verdict")
+    if verdict:
+        lines += _verdict_lines(verdict.get("problems", []))
+    return lines
 
 
 def main(argv=None):
@@ -143,10 +395,17 @@ def main(argv=None):
     bench = _load(os.path.join(out, "bench.json"), {})
     found = targets(bench.get("rows", []))
     sanitizer = sanitizer_summary(os.path.join(out, "sanitizer.txt"))
+    soak = soak_summary(_lines(os.path.join(out, "soak.jsonl")))
+    compiled = _lines(os.path.join(out, "compile.jsonl"))
+    fit = _load(os.path.join(out, "fit.json"), {})
+    ddp = ddp_summary(out)
+    routing = nonreentrant_summary(os.path.join(out, "nonreentrant.jsonl"))
+    unsloth = unsloth_summary(out)
     with open(os.path.join(out, "results.json"), "w") as handle:
-        json.dump({"environment": env, "tests": tests, "bench": bench, "targets": found, "sanitizer": sanitizer},
-                  handle, indent=1)
-    text = markdown(env, tests, bench, found, sanitizer)
+        json.dump({"environment": env, "tests": tests, "bench": bench, "targets": found, "sanitizer": sanitizer,
+                   "soak": soak, "compile": compiled, "fit": fit, "ddp": ddp, "nonreentrant": routing,
+                   "unsloth": unsloth}, handle, indent=1)
+    text = markdown(env, tests, bench, found, sanitizer, soak, compiled, fit, ddp, routing, unsloth)
     with open(os.path.join(out, "report.md"), "w") as handle:
         handle.write(text)
     print(text)
