@@ -17,7 +17,7 @@ pipq() { "$VENV/bin/pip" install -q --disable-pip-version-check "$@" 2>&1 | grep
 
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 # torch pinned: a bare requirement would pull a multi-GB CUDA build.
-pipq torch==2.13.0 numpy "wrapt>=1.14" "packaging>=21" pytest setuptools wheel \
+pipq torch==2.13.0 numpy "wrapt>=1.14" "packaging>=21" pytest setuptools wheel build twine \
     transformers==4.56.2 accelerate psutil peft==0.21.2 nbclient==0.10.2 nbformat==5.10.4 ipykernel==6.30.1
 "$VENV/bin/python" -c "import torch, transformers, wrapt, pytest" # fail early if an install failed
 
@@ -33,10 +33,21 @@ grep -v '^#' tests/matrix.txt | while read -r name version; do
     case "$name" in
         transformers) pipq --target "$dir" "transformers==$version" ;;
         unsloth-zoo)  pipq --no-deps --target "$dir" "unsloth_zoo==$version" ;;
+        llamafactory|axolotl) pipq --no-deps --target "$dir" "$name==$version" ;;  # code only (fork_loader)
         pillow|scipy) pipq --no-deps --target "$dir" "$name==$version" ;;
         *) echo "unknown matrix entry: $name" >&2; exit 1 ;;
     esac
     touch "$dir/.complete"
+done
+
+# A second torch line, in a venv of its own (.matrix/torch-2.11.0: PyPI's CUDA build, it runs on the
+# CPU; installed by the census's installer, hotfix from the same wheel; the libraries come from .matrix/
+# on PYTHONPATH): torch.compile over reentrant checkpointing on torch 2.11 (tests/versions/
+# test_torch_lines.py) and the census's torch-line subset.  About 3.5 minutes and 5 GB on a cold cache.
+for torch_line in 2.11.0; do
+    "$VENV/bin/python" tools/census/census.py --install-torch "$torch_line" --wheel dist/hotfix_checkpoint-*.whl \
+        2>&1 | grep -v "^WARNING: Location" || true
+    "$MATRIX/torch-$torch_line/bin/python" -I -c "import torch, wrapt, hotfix" # fail early if the install failed
 done
 
 # Run from tests/ so the source tree's hotfix/ is not importable: the tests

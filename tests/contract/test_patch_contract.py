@@ -36,6 +36,9 @@ def import_targets(targets):
         if target == ZOO:
             import zoo_loader
             zoo_loader.install_stubs(zoo_loader.zoo_dir())
+        if target.split(".")[0] in ("llamafactory", "axolotl"):
+            import fork_loader  # the fork's package stubbed; imports the release's one checkpointing module
+            assert fork_loader.load(target.split(".")[0]).__name__ == target
         importlib.import_module(target)
 
 def touched_objects(targets):
@@ -82,15 +85,24 @@ print(json.dumps(out))
 """
 
 
+#: a fork's release in the matrix, for the fixes of its checkpointer; a release holds one of the fix's
+#: alternative targets (the module moved between releases): the first, today's layout
+FORKS = {"llamafactory": "0.9.5", "axolotl": "0.19.0"}
+
+
 def _patches():
     from hotfix.registry import registry
 
-    return sorted((name, patch.targets) for name, patch in registry.patches().items())
+    return sorted((name, patch.targets[:1] if patch.targets[0].split(".")[0] in FORKS else patch.targets)
+                  for name, patch in registry.patches().items())
 
 
 def _pythonpath(targets):
     if any(t.startswith("unsloth_zoo") for t in targets):
         return [matrix_path("unsloth-zoo", "2025.11.3"), TESTS]  # in range for both zoo fixes
+    fork = targets[0].split(".")[0]
+    if fork in FORKS:
+        return [matrix_path(fork, FORKS[fork])]
     return []
 
 
@@ -125,6 +137,17 @@ def _builtin_fixes():
             if hotfix.registry.sources.get(key) == "hotfix-checkpoint"]
 
 
+def _pyproject_fixes():
+    """The names in pyproject's entry-point table (the one declaration of the built-in fixes)."""
+    import re
+
+    from conftest import REPO
+
+    table = (REPO / "pyproject.toml").read_text().split('[project.entry-points."hotfix.patches"]', 1)[1]
+    table = table.split("\n[", 1)[0]
+    return re.findall(r"^([a-z0-9-]+)\s*=", table, flags=re.M)
+
+
 def test_every_builtin_fix_declares_its_mechanisms_docs_and_a_short_docstring():
     """Mechanisms with valid ranges (the census checks them against measurements), a
     "What breaks / How this fixes it" module docstring of at most 15 lines, and a docs page."""
@@ -135,7 +158,7 @@ def test_every_builtin_fix_declares_its_mechanisms_docs_and_a_short_docstring():
     from conftest import REPO
 
     fixes = _builtin_fixes()
-    assert len(fixes) == 5, [p.name for p in fixes]
+    assert sorted(p.name for p in fixes) == sorted(_pyproject_fixes()), [p.name for p in fixes]
     for patch in fixes:
         assert patch.mechanisms and patch.symptom and patch.upstream, patch.name
         assert len({m.name for m in patch.mechanisms}) == len(patch.mechanisms), patch.name

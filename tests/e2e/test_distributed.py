@@ -9,9 +9,10 @@ and each launch runs every case of that scenario in the same process group:
   gradients after DDP's all-reduce equal those of one process, no
   checkpointing, on the concatenated batch (the ranks' halves).
 * The DDP settings that matter with checkpointing: ``static_graph=True``
-  works; ``find_unused_parameters=True`` does not work with *reentrant*
-  checkpointing in torch itself (same error on 4.52.4, before the bug, and
-  with hotfix) - non-reentrant is the baseline that works with both.
+  works; ``find_unused_parameters=True`` with *reentrant* checkpointing fails
+  in torch's DDP reducer upstream (on 4.52.4, before the seed's bug, too) and
+  trains with hotfix (transformers-ddp-find-unused; its own cases:
+  test_ddp_find_unused.py) - non-reentrant is the baseline that works with both.
 * FSDP2 (``fully_shard`` per layer and on the root, CPU device mesh, gloo):
   same gradient check (sharded grads gathered with ``full_tensor()``), and the
   checkpoint function runs exactly once per layer per forward (FSDP2 makes
@@ -232,16 +233,16 @@ def test_ddp_with_hotfix_gradients_equal_single_process(with_hotfix):
             assert _equal_grads(cases[name]), (rank, name, cases[name])
 
 
-def test_ddp_find_unused_parameters_with_reentrant_is_torchs_limit(with_hotfix, upstream):
+def test_ddp_find_unused_parameters_with_reentrant(with_hotfix, upstream):
     """find_unused_parameters=True + reentrant checkpointing fails in torch's
-    DDP reducer (not the seed's error), with and without hotfix alike: hotfix
-    does not change which DDP settings work.  (On transformers 4.52.4, before
-    the bug, it fails the same way.)  Seq2SeqTrainer already passes
-    find_unused_parameters=False when gradient checkpointing is on."""
-    for results in (with_hotfix, upstream):
-        for result in results.values():
-            case = result["cases"]["ddp+find_unused"]
-            assert not case["ok"] and FIND_UNUSED_LIMIT in case["error"], case
+    DDP reducer upstream (not the seed's error; on transformers 4.52.4, before
+    the seed's bug, the same); with hotfix (transformers-ddp-find-unused) both
+    ranks train and the gradients equal a single process's."""
+    for result in upstream.values():
+        case = result["cases"]["ddp+find_unused"]
+        assert not case["ok"] and FIND_UNUSED_LIMIT in case["error"], case
+    for rank, result in with_hotfix.items():
+        assert _equal_grads(result["cases"]["ddp+find_unused"]), (rank, result["cases"]["ddp+find_unused"])
 
 
 def test_fsdp2_on_cpu_with_hotfix(with_hotfix):

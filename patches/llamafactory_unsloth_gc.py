@@ -1,0 +1,155 @@
+"""llamafactory >= 0.9.0: ``use_unsloth_gc``'s checkpoint returns a gradient for ``hidden_states`` only.
+
+What breaks: LlamaFactory's copy of unsloth's first offloading Function recomputes a layer with its other
+arguments as the original objects and returns one gradient: a tensor needing grad passed any other way
+(Gemma-3n/4's per-layer inputs, a keyword in transformers >= 4.52's ``partial``) is walked again ("Trying to
+backward through the graph a second time", LlamaFactory#10395); a layer returning several values (Whisper),
+or before 0.9.3 a tensor, fails.  With hotfix's transformers fixes, LlamaFactory's wrapper of every
+checkpointed call (``use_unsloth_gc`` or not) reads ``func.__self__``, which hotfix's wrapped call lacks.
+
+How this fixes it: ``get_unsloth_gradient_checkpointing_func``'s checkpoint calls the same Function through
+``_fork_checkpoint.checkpoint_through`` (every input and output connected, LlamaFactory's offload kept);
+``_gradient_checkpointing_enable`` hands LlamaFactory's wrapper calls that show their layer
+(``as_bound_method``).  Plain functions (models stay deep-copyable); revert restores both attributes.
+docs/fixes/llamafactory-unsloth-gc.md.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any, Optional
+
+from hotfix.patch import Mechanism, Patch
+
+ENABLER = "_gradient_checkpointing_enable"
+SETTER = "_set_gradient_checkpointing"  # PreTrainedModel's, which the enabler calls with the function
+UNSLOTH_FACTORY = "get_unsloth_gradient_checkpointing_func"
+_ABSENT = object()
+
+#: what ``checkpoint_through`` reports -> the mechanism whose repair it is
+REPAIRS = {"inputs": "unsloth-gc-extra-inputs", "outputs": "unsloth-gc-several-outputs",
+           "tensor": "unsloth-gc-tensor-output"}
+SAID = {
+    "unsloth-gc-extra-inputs": "tensors besides hidden_states got their gradients through use_unsloth_gc's checkpoint",
+    "unsloth-gc-several-outputs": "a layer returning several values went through use_unsloth_gc's checkpoint",
+    "unsloth-gc-tensor-output": "a layer returning a tensor went through use_unsloth_gc's checkpoint",
+}
+
+
+def _names(function: Any) -> set:
+    from hotfix.patches._checkpoint_slot import code_objects
+
+    return {name for code in code_objects(function) for name in code.co_names}
+
+
+class LlamaFactoryUnslothGC(Patch):
+    name = "llamafactory-unsloth-gc"
+    # 0.7.1 (the first llamafactory on PyPI) keeps it in model/utils/, 0.8.0+ in model/model_utils/
+    targets = ("llamafactory.model.model_utils.checkpointing", "llamafactory.model.utils.checkpointing")
+    # Ranges equal to the fork census's evidence (docs/census/forks.md, tools/census/forks.py): every release
+    # on PyPI was read and measured.  0.9.0 is the first with use_unsloth_gc.
+    mechanisms = (
+        Mechanism("unsloth-gc-extra-inputs", {"llamafactory": ">=0.9.0"},
+                  summary="use_unsloth_gc: a tensor needing grad besides hidden_states (by keyword, positional) "
+                          "is re-walked and gets no gradient (Gemma-3n/4, Whisper)"),
+        Mechanism("unsloth-gc-several-outputs", {"llamafactory": ">=0.9.0"},
+                  summary="use_unsloth_gc: a layer returning several values (its backward takes one gradient)"),
+        Mechanism("unsloth-gc-tensor-output", {"llamafactory": ">=0.9.0,<0.9.3"}, fixed_in="0.9.3",
+                  summary="use_unsloth_gc: a layer returning a tensor (its backward unpacks a 1-tuple)"),
+        Mechanism("custom-gc-wrapped-call", {"llamafactory": ">=0.7.1"},
+                  summary="with hotfix's transformers fixes only: LlamaFactory's wrapper reads the layer from "
+                          "hotfix's wrapped call (AttributeError: __self__)"),
+    )
+    symptom = (
+        "RuntimeError: Trying to backward through the graph a second time - LlamaFactory use_unsloth_gc: true "
+        "(Gemma-4, Whisper)"
+    )
+    upstream = "hiyouga/LlamaFactory#10395 (src/llamafactory/model/model_utils/checkpointing.py, since 0.9.0)"
+    fixed_in = None  # 0.9.5 (latest) still has it
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._repairs: frozenset = frozenset()
+
+    def drift(self, module: Any) -> Optional[str]:
+        enabler = getattr(module, ENABLER, None)
+        if not callable(enabler) or SETTER not in _names(enabler):
+            return f"{ENABLER} is missing or no longer calls {SETTER}"
+        factory = getattr(module, UNSLOTH_FACTORY, None)
+        if factory is None:
+            return None  # before 0.9.0: no use_unsloth_gc
+        # Read, not called: the class it defines is made per call (and its decorators warn on torch >= 2.4).
+        from hotfix.patches._checkpoint_slot import code_objects
+
+        forward = [code for code in code_objects(factory) if code.co_name == "forward"]
+        if len(forward) != 1 or not any(code.co_name == "backward" for code in code_objects(factory)):
+            return f"{UNSLOTH_FACTORY} no longer defines one Function with forward and backward"
+        code = forward[0]
+        if code.co_argcount != 3 or not code.co_flags & inspect.CO_VARARGS:
+            return f"{UNSLOTH_FACTORY}'s Function is no longer forward(ctx, forward_function, hidden_states, *args)"
+        return None
+
+    def _notice(self, what: str) -> None:
+        mechanism = REPAIRS.get(what)
+        if mechanism in self._repairs:
+            self.repaired(SAID[mechanism])
+
+    def _apply(self, module: Any) -> None:
+        from hotfix.patches._fork_checkpoint import as_bound_method, checkpoint_through
+
+        self._repairs = frozenset(m.name for m in self.mechanisms_here())
+        notice = self._notice
+
+        def showing_layer(checkpoint):
+            """LlamaFactory's checkpoint function, handed a call that shows its layer."""
+            @functools.wraps(checkpoint)
+            def checkpoint_showing_layer(function, *args, **kwargs):
+                return checkpoint(as_bound_method(function), *args, **kwargs)
+
+            return checkpoint_showing_layer
+
+        enabler = getattr(module, ENABLER)
+
+        @functools.wraps(enabler)
+        def gradient_checkpointing_enable(model, *args, **kwargs):
+            setter = getattr(model, SETTER)
+            shadowed = model.__dict__.get(SETTER, _ABSENT)  # normally absent: the class's method
+
+            @functools.wraps(setter)  # LlamaFactory reads its signature (old "value" format or not)
+            def set_gradient_checkpointing(*set_args, **set_kwargs):
+                if callable(set_kwargs.get("gradient_checkpointing_func")):
+                    set_kwargs["gradient_checkpointing_func"] = showing_layer(set_kwargs["gradient_checkpointing_func"])
+                return setter(*set_args, **set_kwargs)
+
+            model.__dict__[SETTER] = set_gradient_checkpointing  # for this call only: the model keeps nothing
+            try:
+                return enabler(model, *args, **kwargs)
+            finally:
+                if shadowed is _ABSENT:
+                    model.__dict__.pop(SETTER, None)
+                else:
+                    model.__dict__[SETTER] = shadowed
+
+        self.replace(module, ENABLER, gradient_checkpointing_enable)
+        factory = getattr(module, UNSLOTH_FACTORY, None)
+        if factory is None:
+            return
+
+        @functools.wraps(factory)
+        def get_unsloth_gradient_checkpointing_func(*args, **kwargs):
+            apply = factory(*args, **kwargs)
+
+            @functools.wraps(apply)
+            def unsloth_checkpoint(function, *inputs, **options):
+                if options or not inputs:  # apply(forward_function, hidden_states, *args) is all LlamaFactory makes
+                    return apply(function, *inputs, **options)
+                return checkpoint_through(apply, function, inputs, notice)
+
+            unsloth_checkpoint.__self__ = getattr(apply, "__self__", None)  # LlamaFactory copies it onto its wrapper
+            return unsloth_checkpoint
+
+        self.replace(module, UNSLOTH_FACTORY, get_unsloth_gradient_checkpointing_func)
+
+
+patch = LlamaFactoryUnslothGC()

@@ -1,0 +1,99 @@
+"""patches/axolotl_offload_checkpoint.py on real axolotl releases, on CPU.
+
+tools/lab/fork_cases.py in a fresh interpreter: the release's real ``monkeypatch/gradient_checkpointing/``
+loaded by fork_loader (its package stubbed), its wrapper set as ``transformers.modeling_utils.checkpoint`` as
+axolotl does (``gradient_checkpointing: offload``, ``offload_disk``), one step without checkpointing and one
+with, every gradient compared (1e-6).  0.19.0 (latest) and 0.14.0 (the last whose host copy unpacks
+``(output,) = ...``) with transformers 5.0.0 (0.14.0's pin; 0.19.0 pins 5.16.1, whose layers call the checkpoint
+as 5.0.0's do, where 5.23.0's no longer show axolotl's wrapper a bound layer call): each defect reproduces
+upstream (HOTFIX_DISABLE=1), then with hotfix activated in the same process every case is equal.  Hotfix with
+this fix opted out breaks axolotl's wrapper.  Every release on PyPI: the stored rows (docs/census/forks/)
+against the declared ranges.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from conftest import LAB, REPO, TOOLS, json_lines, matrix_path, repair_notices, run_python
+
+FIX = "axolotl-offload-checkpoint"
+#: release -> the transformers it runs with (in tests/matrix.txt)
+RELEASES = {"0.19.0": "5.0.0", "0.14.0": "5.0.0"}
+BACKWARD_TWICE = "Trying to backward through the graph a second time"
+
+
+def _cases(release, function, cases, then=None, env=None):
+    """{(phase, case): result} of one fork_cases.py child, and the child."""
+    args = [str(LAB / "fork_cases.py"), function, *cases]
+    env = dict(env or {})
+    if then is not None:
+        args += ["--activate", *then]
+        env["HOTFIX_DISABLE"] = "1"
+    path = [matrix_path("axolotl", release), matrix_path("transformers", RELEASES[release]), TOOLS / "sweep"]
+    proc = run_python(args, env=env, pythonpath=path, timeout=300)
+    results = {(r["phase"], r["case"]): r for r in json_lines(proc.stdout)}
+    first = "upstream" if then is not None else "hotfix"
+    expected = [(first, c) for c in cases] + [("hotfix", c) for c in then or ()]
+    assert all(key in results for key in expected), proc.stdout[-2000:] + proc.stderr[-3000:]
+    return results, proc
+
+
+def _equal(result):
+    assert result["status"] == "equal" and result["missing"] == 0 and result["wrong"] == 0, result
+
+
+FIXED = ["plain", "tensor-output", "keyword", "keyword-frozen-first", "several-outputs", "output-with-none", "copy"]
+
+
+@pytest.mark.parametrize("release", sorted(RELEASES))
+def test_offload_broken_upstream_equal_with_hotfix(release):
+    upstream = ["plain", "tensor-output", "keyword", "several-outputs"]
+    results, proc = _cases(release, "axolotl-offload", upstream, then=FIXED)
+    assert results[("upstream", "header")]["release"] == release
+    _equal(results[("upstream", "plain")])  # what the copy was written for works upstream
+    assert BACKWARD_TWICE in results[("upstream", "keyword")]["error"]
+    assert "takes 2 positional arguments but 3 were given" in results[("upstream", "several-outputs")]["error"]
+    if release == "0.14.0":  # a layer returning a tensor (every decoder layer on 5.0.0): fixed upstream in 0.15.0
+        assert "too many values to unpack" in results[("upstream", "tensor-output")]["error"]
+    else:
+        _equal(results[("upstream", "tensor-output")])
+    assert FIX in results[("hotfix", "header")]["applied"]
+    for case in FIXED[:-1]:
+        _equal(results[("hotfix", case)])
+    assert results[("hotfix", "copy")] == dict(results[("hotfix", "copy")], deepcopy="ok", pickle="ok")
+    assert any(FIX in line for line in repair_notices(proc.stderr)), proc.stderr[-3000:]
+
+
+def test_offload_disk_broken_upstream_equal_with_hotfix():
+    results, _ = _cases("0.19.0", "axolotl-offload-disk", ["plain", "keyword", "output-with-none"],
+                        then=["keyword", "output-with-none", "several-outputs"])
+    _equal(results[("upstream", "plain")])
+    assert BACKWARD_TWICE in results[("upstream", "keyword")]["error"]
+    assert results[("upstream", "output-with-none")]["status"] == "crash"  # a None among the outputs
+    for case in ("keyword", "output-with-none", "several-outputs"):
+        _equal(results[("hotfix", case)])
+
+
+def test_hotfix_without_this_fix_breaks_axolotls_wrapper():
+    results, _ = _cases("0.19.0", "axolotl-offload", ["plain"], env={"HOTFIX_DISABLED_PATCHES": FIX})
+    assert results[("hotfix", "plain")]["status"] == "crash"
+    assert "has no attribute 'func'" in results[("hotfix", "plain")]["error"]
+
+
+def test_declared_ranges_equal_the_fork_census():
+    sys.path[:0] = [str(TOOLS / "census"), str(TOOLS / "sweep")]
+    import forks
+    import sweep_store
+
+    rows = [json.loads(line) for line in sweep_store.read_lines(REPO / "docs" / "census" / "forks")]
+    mine = [r for r in rows if r["fork"] == "axolotl"]
+    measured = {(r["release"], r["function"], r["case"], r["phase"]) for r in mine if r["verdict"] != "error"}
+    for release, _ in forks.RELEASES["axolotl"]:
+        for function in forks.FUNCTIONS["axolotl"]:
+            for phase in ("upstream", "hotfix"):
+                assert all((release, function, case, phase) in measured for case in forks.CASES), (release, function)
+    assert [p for p in forks.gate_problems(rows) if p.startswith("axolotl")] == []

@@ -1,0 +1,284 @@
+"""Training under DDP with ``find_unused_parameters=True``: the cases of transformers-ddp-find-unused.
+
+    python -m torch.distributed.run --nproc_per_node 2 tools/lab/ddp_cases.py RESULT_DIR CASE [CASE ...]
+
+CPU and gloo (the caller sets loopback: MASTER_ADDR=127.0.0.1, GLOO_SOCKET_IFNAME=lo), or where CUDA
+is available the rank's GPU (LOCAL_RANK) and NCCL (the GPU kit's 1-GPU case).  One rank without
+torchrun: RANK=0 WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=<free port> python ddp_cases.py ...
+(DDP's search and its "ready" marks are local to a rank: one rank shows the defect too).  Each rank
+writes RESULT_DIR/rank<N>.json: {"rank", "world", "hotfix_loaded", "device", "torch", "transformers",
+"cases": {CASE: {"ok", "equal", "missing", "unexpected", "wrong", "max_error", ...} or {"ok": false,
+"error"}}}.
+The script never mentions hotfix (the start-up hook activates it on ``import transformers``;
+HOTFIX_DISABLE=1 gives upstream).
+
+A plain-loop case trains a tiny Llama twice in the same process group, both wrapped in
+``DistributedDataParallel(find_unused_parameters=True)``, each rank on its half of one batch: once
+without checkpointing (the reference), once with reentrant checkpointing.  Every trainable
+parameter's gradient after DDP's all-reduce is compared (hotfix's one rule: a missing gradient never
+equals a zero one).  Case names: ``[unsloth:]{lora,full,whisper-lora}[+unused][+no_sync][+static_graph]``:
+
+* ``lora``: PEFT LoRA on q_proj/v_proj (random B), ``enable_input_require_grads()``; ``full``: every
+  parameter trains; ``whisper-lora``: tiny Whisper, LoRA on q_proj/v_proj without the input hook
+  (the encoder layers' inputs need no grad, the decoder gets ``encoder_hidden_states=`` by keyword:
+  the other transformers fixes act on the same calls);
+* ``+unused``: a trainable parameter inside a checkpointed layer and a trainable module outside the
+  layers that the forward never uses (no gradient, on every rank);
+* ``+no_sync``: gradient accumulation, the first of two micro-batches under ``ddp.no_sync()``;
+* ``+static_graph``: ``static_graph=True`` as well;
+* ``unsloth:``: through unsloth-zoo's ``UnslothCheckpointFunction`` (the release on PYTHONPATH, loaded on
+  CPU by zoo_loader.py with unsloth's own swap of torch's CheckpointFunction).  These come after
+  the torch cases: the swap is process-wide.
+
+``trainer-lora``: transformers' Trainer with ``gradient_checkpointing=True`` over the LoRA model
+(the Trainer picks ``find_unused_parameters=True`` itself for a PEFT model: recorded), 3 steps,
+against the same Trainer without checkpointing: losses and every LoRA weight after training.
+``sft-lora``: the same with TRL's SFTTrainer (``peft_config``), where TRL is on PYTHONPATH.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+import transformers  # the start-up hook activates hotfix here, where installed
+
+HOTFIX_LOADED = "hotfix" in sys.modules  # nothing but the start-up hook can have loaded it
+import standalone  # noqa: E402  (tools/lab, beside this file)
+
+compare_rule = standalone.load("compare")  # hotfix's one rule, loaded without importing hotfix
+
+#: tolerance: DDP averages both runs the same way; recomputation repeats the same kernels
+RTOL = 1e-5
+#: this rank's device: its GPU where CUDA is available (NCCL), else the CPU (gloo)
+DEVICE = (torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if torch.cuda.is_available()
+          else torch.device("cpu"))
+TRAINER_DEVICE = {"use_cpu": True, "ddp_backend": "gloo"} if DEVICE.type == "cpu" else {"ddp_backend": "nccl"}
+BATCH, LENGTH = 4, 8
+
+
+def tiny_llama(seed=0, **sizes):
+    """A 2-layer Llama (every layer a checkpointed GradientCheckpointingLayer), random weights; ``sizes``
+    override LlamaConfig's (the benchmark's larger model)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(**dict(dict(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                                     num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=32),
+                                **sizes))
+    return LlamaForCausalLM(config).train()
+
+
+def with_lora(model, seed=0, rank=4):
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(seed + 1)
+    config = LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0, target_modules=["q_proj", "v_proj"],
+                        init_lora_weights=False)  # random B: every LoRA weight gets a non-zero gradient
+    return get_peft_model(model, config).train()
+
+
+def add_unused(model):
+    """A trainable parameter in the first checkpointed layer and a trainable module outside, both never used."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    layers = base.model.layers if hasattr(base.model, "layers") else base.model.encoder.layers
+    layers[0].register_parameter("never_used", torch.nn.Parameter(torch.ones(4)))
+    base.never_used_head = torch.nn.Linear(4, 4)
+    return model
+
+
+def build(recipe, unused, checkpointing):
+    if recipe == "whisper-lora":
+        import tiny_models
+
+        model, _ = tiny_models.whisper_lora_no_hook()
+        return model_with(model, unused, checkpointing)
+    model = tiny_llama()
+    if recipe == "lora":
+        model = with_lora(model)
+        model.enable_input_require_grads()
+    return model_with(model, unused, checkpointing)
+
+
+def model_with(model, unused, checkpointing):
+    if unused:
+        add_unused(model)
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
+    return model.to(DEVICE)
+
+
+def batch(recipe, seed=0):
+    if recipe == "whisper-lora":
+        import tiny_models
+
+        return tiny_models.whisper_lora_no_hook()[1]
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, 64, (BATCH, LENGTH), generator=g)
+    return {"input_ids": ids, "labels": ids.clone()}
+
+
+def grads(model):
+    return {name: None if p.grad is None else p.grad.detach().to("cpu", copy=True)
+            for name, p in model.named_parameters() if p.requires_grad}
+
+
+def report(reference, candidate):
+    found = compare_rule.compare_grads(reference, candidate, rtol=RTOL)
+    return {"equal": found.ok, "missing": len(found.missing), "unexpected": len(found.unexpected),
+            "wrong": len(found.wrong), "max_error": found.max_error, "summary": found.summary(),
+            "without_gradient": sorted(name for name, g in candidate.items() if g is None)}
+
+
+def ddp_step(model, mine, no_sync, **ddp_kwargs):
+    """One optimizer step's gradients under DDP; ``no_sync``: two micro-batches, the first not synchronised."""
+    device_ids = [DEVICE.index] if DEVICE.type == "cuda" else None
+    ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids, find_unused_parameters=True,
+                                                    **ddp_kwargs)
+    if no_sync:
+        halves = [{key: value.chunk(2)[i] for key, value in mine.items()} for i in range(2)]
+        with ddp.no_sync():
+            ddp(**halves[0]).loss.backward()
+        ddp(**halves[1]).loss.backward()
+    else:
+        ddp(**mine).loss.backward()
+    return grads(model)
+
+
+def plain_case(name, rank, world):
+    variant = name.split(":")[-1].split("+")
+    recipe, options = variant[0], set(variant[1:])
+    mine = {key: value.chunk(world)[rank].to(DEVICE) for key, value in batch(recipe).items()}
+    ddp_kwargs = {"static_graph": True} if "static_graph" in options else {}
+    no_sync = "no_sync" in options
+    reference = ddp_step(build(recipe, "unused" in options, False), mine, no_sync, **ddp_kwargs)
+    candidate = ddp_step(build(recipe, "unused" in options, True), mine, no_sync, **ddp_kwargs)
+    return dict(ok=True, trainable=len(reference), **report(reference, candidate))
+
+
+def trainer_case(rank, world):
+    import tempfile
+
+    from transformers import Trainer, TrainingArguments
+
+    g = torch.Generator().manual_seed(1)
+    data = [{"input_ids": ids, "labels": ids.clone()} for ids in torch.randint(0, 64, (12, LENGTH), generator=g)]
+
+    def collate(features):
+        return {key: torch.stack([f[key] for f in features]) for key in features[0]}
+
+    def train(checkpointing):
+        model = with_lora(tiny_llama())
+        model.enable_input_require_grads()  # as PEFT's prepare_model_for_kbit_training does
+        args = TrainingArguments(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=2, max_steps=3,
+                                 gradient_checkpointing=checkpointing, learning_rate=1e-2, logging_steps=1,
+                                 save_strategy="no", report_to="none", remove_unused_columns=False, **TRAINER_DEVICE,
+                                 dataloader_num_workers=0, disable_tqdm=True)
+        trainer = Trainer(model=model, args=args, train_dataset=data, data_collator=collate)
+        trainer.train()
+        wrapper = trainer.model_wrapped
+        weights = {name: p.detach().to("cpu", copy=True) for name, p in model.named_parameters() if p.requires_grad}
+        losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+        return weights, losses, trainer.state.global_step, wrapper
+
+    reference, reference_losses, _, _ = train(False)
+    weights, losses, steps, wrapper = train(True)
+    found = compare_rule.compare_grads(reference, weights, rtol=RTOL)  # the same rule, on the trained weights
+    return {"ok": True, "steps": steps, "losses": losses, "reference_losses": reference_losses,
+            "wrapper": type(wrapper).__name__,
+            "find_unused_parameters": getattr(wrapper, "find_unused_parameters", None),
+            "equal": found.ok, "summary": found.summary(), "lora_weights": len(weights)}
+
+
+def tiny_tokenizer():
+    """A word-level tokenizer over the tiny Llama's 64 ids ("t0" ... "t63"), built offline."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {f"t{i}": i for i in range(64)}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="t0"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="t0", pad_token="t0", eos_token="t1")
+
+
+def sft_case(rank, world):
+    """TRL's SFTTrainer, LoRA through ``peft_config``, its default gradient checkpointing, 3 steps, against
+    the same trainer with ``gradient_checkpointing=False`` (TRL on PYTHONPATH: not in the test venv)."""
+    import tempfile
+
+    from datasets import Dataset
+    from peft import LoraConfig
+    from trl import SFTConfig, SFTTrainer
+
+    g = torch.Generator().manual_seed(1)
+    rows = [{"input_ids": ids.tolist()} for ids in torch.randint(2, 64, (12, LENGTH), generator=g)]
+
+    def train(checkpointing):
+        torch.manual_seed(1)
+        args = SFTConfig(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=2, max_steps=3,
+                         gradient_checkpointing=checkpointing, learning_rate=1e-2, logging_steps=1,
+                         save_strategy="no", report_to="none", bf16=False, **TRAINER_DEVICE,
+                         dataloader_num_workers=0, disable_tqdm=True)
+        lora = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"],
+                          init_lora_weights=False)
+        trainer = SFTTrainer(model=tiny_llama(), args=args, train_dataset=Dataset.from_list(rows),
+                             processing_class=tiny_tokenizer(), peft_config=lora)
+        trainer.train()
+        model = trainer.model
+        weights = {name: p.detach().to("cpu", copy=True) for name, p in model.named_parameters() if p.requires_grad}
+        losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+        return weights, losses, trainer
+
+    reference, reference_losses, _ = train(False)
+    weights, losses, trainer = train(True)
+    found = compare_rule.compare_grads(reference, weights, rtol=RTOL)
+    wrapper = trainer.model_wrapped
+    return {"ok": True, "trl": __import__("trl").__version__, "steps": trainer.state.global_step, "losses": losses,
+            "reference_losses": reference_losses, "wrapper": type(wrapper).__name__,
+            "find_unused_parameters": getattr(wrapper, "find_unused_parameters", None),
+            "checkpointing_kwargs": trainer.args.gradient_checkpointing_kwargs,
+            "equal": found.ok, "summary": found.summary(), "lora_weights": len(weights)}
+
+
+def use_unsloth():
+    """unsloth-zoo's checkpoint function from the release on PYTHONPATH, as unsloth installs it (CPU)."""
+    import zoo_loader
+
+    zoo_loader.install_unsloth_swap(zoo_loader.load_release())
+    import torch.utils.checkpoint as tuc
+
+    return tuc.CheckpointFunction.__name__
+
+
+def main():
+    result_dir, cases = sys.argv[1], sys.argv[2:]
+    dist.init_process_group("gloo" if DEVICE.type == "cpu" else "nccl", timeout=datetime.timedelta(seconds=120))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    out = {"rank": rank, "world": world, "hotfix_loaded": HOTFIX_LOADED, "device": str(DEVICE),
+           "torch": torch.__version__, "transformers": transformers.__version__, "cases": {}}
+    for case in cases:
+        try:
+            if case.startswith("unsloth:") and "checkpoint_function" not in out:
+                out["checkpoint_function"] = use_unsloth()
+            if case == "trainer-lora":
+                out["cases"][case] = trainer_case(rank, world)
+            elif case == "sft-lora":
+                out["cases"][case] = sft_case(rank, world)
+            else:
+                out["cases"][case] = plain_case(case, rank, world)
+        except Exception as exc:
+            out["cases"][case] = {"ok": False, "error": compare_rule.short_error(exc)}
+        dist.barrier()
+    # One file per rank: both ranks share stdout, where lines can interleave.
+    with open(os.path.join(result_dir, "rank%d.json" % rank), "w") as f:
+        json.dump(out, f)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
