@@ -11,7 +11,8 @@ the layer with the original objects, the recomputation with rebuilt copies holdi
 twins (``_structure.rebuild``: containers and caches copied, so the recomputation never writes
 into the caller's).  What counts as a container is ``_structure``'s one definition.
 :func:`anchored` adds a 0-byte input needing grad, for the fixes that must make a checkpoint node
-exist (or make its first input need grad).  docs/fixes/transformers-checkpoint-layer-io.md.
+exist (or make its first input need grad).  Both show the layer as the call does (``_layer_call``).
+docs/fixes/transformers-checkpoint-layer-io.md.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import torch
 
+from hotfix.patches._layer_call import ShownCall
 from hotfix.patches._structure import find_grad_tensors, hides_nothing, rebuild
 
 __all__ = ["anchored", "first_input_needs_grad", "lift_closure_tensors", "find_grad_tensors", "hides_nothing",
@@ -43,7 +45,7 @@ def is_reentrant(checkpoint: Any, kwargs: dict) -> bool:
 
 
 def layer_call(function: Any) -> Any:
-    """The layer call inside wrappers that mark themselves with ``__wrapped__`` (FlatOutputs)."""
+    """The layer call (a partial, where it is one) inside wrappers that name it in ``__wrapped__`` (``_layer_call``)."""
     for _ in range(8):
         inner = getattr(function, "__wrapped__", None) if not isinstance(function, functools.partial) else None
         if inner is None or inner is function:
@@ -73,13 +75,13 @@ def anchored(function: Callable, inputs: Sequence[Any], first: bool = False) -> 
         def run_after_anchor(_anchor, *all_inputs):
             return function(*all_inputs)
 
-        return run_after_anchor, (anchor, *inputs)
+        return ShownCall(run_after_anchor, function), (anchor, *inputs)
     count = len(inputs)
 
     def run_without_anchor(*all_inputs):
         return function(*all_inputs[:count])
 
-    return run_without_anchor, (*inputs, anchor)
+    return ShownCall(run_without_anchor, function), (*inputs, anchor)
 
 
 def first_input_needs_grad(inputs: Sequence[Any]) -> bool:
@@ -154,4 +156,4 @@ def lift_closure_tensors(
         call_keywords = _substitute(bound_keywords, replacement)
         return target(*call_args, **call_keywords)
 
-    return run_with_lifted_inputs, tuple(args) + tuple(lifted)
+    return ShownCall(run_with_lifted_inputs, function), tuple(args) + tuple(lifted)

@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterator, List, Optional, Sequence, Set
 
 import torch
 
+from hotfix.patches._layer_call import LayerCallWrapper
 from hotfix.patches._structure import holds_tensor, rebuild
 
 __all__ = ["FlatOutputs"]
@@ -106,8 +107,10 @@ def _notice_if_left_without(leaves: List[torch.Tensor], notice: Callable[[], Non
         pass
 
 
-class FlatOutputs:
+class FlatOutputs(LayerCallWrapper):
     """``function`` returning its tensors as one flat tuple when its output nests them.
+
+    Shows the layer as ``function`` does (``__self__``, ``__wrapped__``: ``_layer_call``).
 
     ``writes``: the watcher of the same call, whose stored tensors become outputs too.
     ``notice``: called (at the end of that backward) when detaching an unused output left a parameter
@@ -116,7 +119,7 @@ class FlatOutputs:
 
     def __init__(self, function: Callable, writes: Optional[Any] = None,
                  notice: Optional[Callable[[], None]] = None) -> None:
-        self.__wrapped__ = function  # what the layer call is (other wrappers look through us)
+        self.__wrapped__ = function  # what the layer call is (other wrappers and checkpoint functions look through us)
         self._writes = writes
         self._notice = notice
         self._skeleton: Any = None

@@ -25,6 +25,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from hotfix.patches._layer_call import LayerCallWrapper, layer_of
 from hotfix.patches._structure import (NoPrivateCopy, cache_entries, entry_items, is_shared_state, rebuild, same,
                                        tensors)
 
@@ -116,25 +117,30 @@ class _Writes:
 _MISSING = object()
 
 
-def _layer_name(target: Any, bound_args: Sequence[Any]) -> str:
-    owner = getattr(target, "__self__", None)  # 4.x: partial(layer.__call__ / super().__call__, ...)
-    if owner is None and bound_args:
-        owner = bound_args[0]  # 5.x: partial(forward, layer, ...)
-    return type(owner).__qualname__ if owner is not None else getattr(target, "__qualname__", repr(target))
+def _layer_name(call: Any, target: Any) -> str:
+    """The name of the layer ``call`` runs, for what is said about it (else ``target``'s, the function called)."""
+    layer = layer_of(call)
+    return type(layer).__qualname__ if layer is not None else getattr(target, "__qualname__", repr(target))
 
 
-class SharedStateWrites:
-    """A layer call that writes only into private copies of the state it is handed, and hands on the writes."""
+class SharedStateWrites(LayerCallWrapper):
+    """A layer call that writes only into private copies of the state it is handed, and hands on the writes.
+
+    Shows the layer as the call does (``__self__``, ``__wrapped__``: ``_layer_call``).
+    """
 
     def __init__(self, function: Callable, callers: Dict[int, Any], origin: Dict[int, Tuple[Any, Any]],
-                 layer: str, warn: Optional[Warn]) -> None:
+                 warn: Optional[Warn]) -> None:
         self.__wrapped__ = function  # what the layer call is (other wrappers look through us)
         self._callers = callers  # id(snapshot handed to the call) -> the caller's state; forward only
         self._origin = origin  # id(container of a snapshot) -> (that container, the caller's); forward only
-        self._layer = layer
         self._warn = warn
         self.calls = 0
         self._latest: Optional[_Writes] = None
+
+    @property
+    def _layer(self) -> str:  # looked up when something is said, not per call
+        return _layer_name(self.__wrapped__, self.__wrapped__)
 
     def take(self) -> Optional[_Writes]:
         """What the latest call wrote, handed over once (so nothing here keeps the caller's state alive)."""
@@ -157,7 +163,6 @@ class SharedStateWrites:
         values = list(bound_args) + list(bound_keywords.values()) + list(inputs)
         if not any(is_shared_state(value) for value in values):
             return None
-        layer = _layer_name(target, bound_args)
         copier = _Copier()
         snapshots: Dict[int, Any] = {}  # id(caller's state) -> its private snapshot
         callers: Dict[int, Any] = {}  # id(snapshot) -> the caller's state
@@ -168,6 +173,7 @@ class SharedStateWrites:
                     callers[id(snapshots[id(value)])] = value
         except NoPrivateCopy as exc:
             if warn is not None:
+                layer = _layer_name(function, target)
                 warn(("no private copy", layer, str(exc)),
                      f"{layer} is handed a {exc} that cannot be copied privately; its writes to it are left as "
                      "upstream makes them (repeated by reentrant recomputation); use use_reentrant=False for this "
@@ -177,7 +183,7 @@ class SharedStateWrites:
         def swap(value: Any) -> Any:
             return snapshots[id(value)] if is_shared_state(value) else value
 
-        watcher = cls(target, callers, copier.copied, layer, warn)
+        watcher = cls(target, callers, copier.copied, warn)
         new_inputs = tuple(swap(value) for value in inputs)
         if target is function:
             return watcher, watcher, new_inputs

@@ -23,17 +23,12 @@ fork's own backward pass.  docs/fixes/llamafactory-unsloth-gc.md, docs/fixes/axo
 
 from __future__ import annotations
 
-import functools
 import inspect
-import types
 from typing import Any, Callable, List, Optional, Sequence
 
 import torch
 
 from hotfix.patches._checkpoint_inputs import lift_closure_tensors
-
-#: how far :func:`layer_of` looks through wrappers (partials of partials, closures of closures)
-SEARCH_LIMIT = 32
 
 
 class _Call:
@@ -168,7 +163,6 @@ def checkpoint_through(apply: Callable, function: Callable, inputs: Sequence[Any
             return apply(function, *inputs)
     if not torch.is_grad_enabled() or not inputs:
         return unchanged()
-    function = shown_call(function)
     lifted = lift_closure_tensors(function, inputs)
     if lifted is not None:
         function, inputs = lifted
@@ -190,66 +184,6 @@ def checkpoint_through(apply: Callable, function: Callable, inputs: Sequence[Any
         if not all(isinstance(value, torch.Tensor) for value in call.others):
             notice("outputs-none")
     return result
-
-
-def layer_of(function: Any) -> Optional[Any]:
-    """The ``nn.Module`` whose call ``function`` is, looked up through partials, bound methods, ``__wrapped__``
-    (hotfix's wrappers of the layer call) and closures (hotfix's call rewrites); None where none is found."""
-    from torch import nn
-
-    pending, seen = [function], set()
-    while pending and len(seen) < SEARCH_LIMIT:
-        item = pending.pop(0)  # breadth first: the nearest module is the layer, not one it holds
-        if id(item) in seen:
-            continue
-        seen.add(id(item))
-        if isinstance(item, nn.Module):
-            return item
-        if isinstance(item, functools.partial):
-            pending.extend(arg for arg in item.args if isinstance(arg, nn.Module))
-            pending.append(item.func)
-            continue
-        owner = getattr(item, "__self__", None)
-        if isinstance(owner, nn.Module):
-            return owner
-        inner = getattr(item, "__wrapped__", None)
-        if inner is not None:
-            pending.append(inner)
-        for cell in getattr(item, "__closure__", None) or ():
-            try:
-                value = cell.cell_contents
-            except ValueError:  # an empty cell
-                continue
-            if isinstance(value, nn.Module) or (callable(value) and not isinstance(value, type)):
-                pending.append(value)
-    return None
-
-
-def as_bound_method(function: Any) -> Any:
-    """``function`` as a bound method of its layer (what a fork reads the layer from), or unchanged where
-    it already shows its layer (``__self__``, or a ``partial`` of a bound method) or none is found."""
-    if getattr(function, "__self__", None) is not None:
-        return function
-    if isinstance(function, functools.partial) and getattr(function.func, "__self__", None) is not None:
-        return function
-    layer = layer_of(function)
-    if layer is None:
-        return function
-
-    def layer_call(_layer, *args, **kwargs):
-        return function(*args, **kwargs)
-
-    layer_call.__wrapped__ = function  # what it is (the other fixes and describe_function look through it)
-    layer_call.hotfix_shows_layer = True
-    return types.MethodType(layer_call, layer)
-
-
-def shown_call(function: Any) -> Any:
-    """The call :func:`as_bound_method` wrapped, where ``function`` is such a bound method; else ``function``."""
-    inner = getattr(function, "__func__", None)
-    if getattr(inner, "hotfix_shows_layer", False):
-        return inner.__wrapped__
-    return function
 
 
 def function_drift(cls: Any, name: str) -> Optional[str]:

@@ -5,7 +5,8 @@ unsloth's first offloading Function, which recompute a layer with its other argu
 objects and return one gradient: a tensor needing grad passed any other way (by keyword from transformers
 4.52, Whisper, Gemma-3n) is walked again ("Trying to backward through the graph a second time"); a layer
 returning several values fails, and before 0.15.0 (axolotl#3412) one returning a tensor.  With hotfix's
-transformers fixes, the wrapper axolotl installs reads ``.func.__self__`` from hotfix's wrapped call.
+transformers fixes, axolotl's wrapper reads ``.func`` from hotfix's wrapper of the call, or calls its layer
+(``__self__``, ``_layer_call``) in the wrapper's place.
 
 How this fixes it: each wrapper (``hf_grad_checkpoint_*``, module attributes axolotl reads when it sets up
 training) is replaced by a function under its name that calls the same Function through
@@ -17,6 +18,7 @@ restores the attributes.  docs/fixes/axolotl-offload-checkpoint.md.
 from __future__ import annotations
 
 import functools
+import inspect
 from typing import Any, Dict, Optional
 
 from hotfix.patch import Mechanism, Patch
@@ -47,11 +49,15 @@ def function_of(module: Any, wrapper: Any) -> Any:
     return found[0] if len(found) == 1 else None
 
 
-def _shows_layer(function: Any) -> bool:
-    """Can axolotl's wrapper read the layer from ``function`` (a partial of a bound method, or a bound method)?"""
+def _bound_call(function: Any) -> bool:
+    """Is ``function`` transformers' own call, a bound method or a partial of one, that axolotl's wrapper reads?
+
+    Not hotfix's wrappers of the call: they show its layer too (``_layer_call``), but axolotl's wrapper calls
+    that layer in their place (without their lifted inputs or anchor), or reads a ``.func`` they do not have.
+    """
     if isinstance(function, functools.partial):
-        return getattr(function.func, "__self__", None) is not None
-    return getattr(function, "__self__", None) is not None
+        function = function.func
+    return inspect.ismethod(function)
 
 
 class AxolotlOffloadCheckpoint(Patch):
@@ -69,8 +75,8 @@ class AxolotlOffloadCheckpoint(Patch):
         Mechanism("offload-tensor-output", {"axolotl": ">=0.5.2,<0.15.0"}, fixed_in="0.15.0",
                   summary="offload (host): a layer returning a tensor (its backward unpacks a 1-tuple)"),
         Mechanism("offload-wrapped-call", {"axolotl": ">=0.5.2"},
-                  summary="with hotfix's transformers fixes only: the wrapper reads the layer from hotfix's "
-                          "wrapped call (AttributeError: func / __self__)"),
+                  summary="with hotfix's transformers fixes only: the wrapper reads .func from hotfix's wrapper of "
+                          "the call (AttributeError), or calls its layer in that wrapper's place"),
     )
     symptom = (
         "RuntimeError: Trying to backward through the graph a second time - axolotl gradient_checkpointing: "
@@ -120,9 +126,9 @@ class AxolotlOffloadCheckpoint(Patch):
             @functools.wraps(wrapper)
             def offload_through(function, *inputs, **kwargs):
                 def unchanged():
-                    # axolotl's wrapper reads the layer from the call; hotfix's wrapper of it (the
-                    # transformers fixes) shows none: the same Function, with the call as the layer call
-                    if _shows_layer(function):
+                    # axolotl's wrapper replaces the call by the layer it reads from it; hotfix's wrapper of
+                    # the call (the transformers fixes) must run: the same Function, with it as the layer call
+                    if _bound_call(function):
                         return wrapper(function, *inputs, **kwargs)
                     return cls.apply(function, *inputs)
 

@@ -4,14 +4,13 @@ What breaks: LlamaFactory's copy of unsloth's first offloading Function recomput
 arguments as the original objects and returns one gradient: a tensor needing grad passed any other way
 (Gemma-3n/4's per-layer inputs, a keyword in transformers >= 4.52's ``partial``) is walked again ("Trying to
 backward through the graph a second time", LlamaFactory#10395); a layer returning several values (Whisper),
-or before 0.9.3 a tensor, fails.  With hotfix's transformers fixes, LlamaFactory's wrapper of every
-checkpointed call (``use_unsloth_gc`` or not) reads ``func.__self__``, which hotfix's wrapped call lacks.
+or before 0.9.3 a tensor, fails.
 
 How this fixes it: ``get_unsloth_gradient_checkpointing_func``'s checkpoint calls the same Function through
-``_fork_checkpoint.checkpoint_through`` (every input and output connected, LlamaFactory's offload kept);
-``_gradient_checkpointing_enable`` hands LlamaFactory's wrapper calls that show their layer
-(``as_bound_method``).  Plain functions (models stay deep-copyable); revert restores both attributes.
-docs/fixes/llamafactory-unsloth-gc.md.
+``_fork_checkpoint.checkpoint_through`` (every input and output connected, LlamaFactory's offload kept).
+A plain function (models stay deep-copyable); revert restores the attribute.  LlamaFactory's wrapper of
+every checkpointed call reads the layer from ``func.__self__``: hotfix's wrappers of the call show it
+(``_layer_call``).  docs/fixes/llamafactory-unsloth-gc.md.
 """
 
 from __future__ import annotations
@@ -22,10 +21,7 @@ from typing import Any, Optional
 
 from hotfix.patch import Mechanism, Patch
 
-ENABLER = "_gradient_checkpointing_enable"
-SETTER = "_set_gradient_checkpointing"  # PreTrainedModel's, which the enabler calls with the function
 UNSLOTH_FACTORY = "get_unsloth_gradient_checkpointing_func"
-_ABSENT = object()
 
 #: what ``checkpoint_through`` reports -> the mechanism whose repair it is
 REPAIRS = {"inputs": "unsloth-gc-extra-inputs", "outputs": "unsloth-gc-several-outputs",
@@ -37,16 +33,10 @@ SAID = {
 }
 
 
-def _names(function: Any) -> set:
-    from hotfix.patches._checkpoint_slot import code_objects
-
-    return {name for code in code_objects(function) for name in code.co_names}
-
-
 class LlamaFactoryUnslothGC(Patch):
     name = "llamafactory-unsloth-gc"
-    # 0.7.1 (the first llamafactory on PyPI) keeps it in model/utils/, 0.8.0+ in model/model_utils/
-    targets = ("llamafactory.model.model_utils.checkpointing", "llamafactory.model.utils.checkpointing")
+    # model/model_utils/ since 0.8.0 (0.7.1 kept the module in model/utils/, years before use_unsloth_gc)
+    targets = ("llamafactory.model.model_utils.checkpointing",)
     # Ranges equal to the fork census's evidence (docs/census/forks.md, tools/census/forks.py): every release
     # on PyPI was read and measured.  0.9.0 is the first with use_unsloth_gc.
     mechanisms = (
@@ -57,9 +47,6 @@ class LlamaFactoryUnslothGC(Patch):
                   summary="use_unsloth_gc: a layer returning several values (its backward takes one gradient)"),
         Mechanism("unsloth-gc-tensor-output", {"llamafactory": ">=0.9.0,<0.9.3"}, fixed_in="0.9.3",
                   summary="use_unsloth_gc: a layer returning a tensor (its backward unpacks a 1-tuple)"),
-        Mechanism("custom-gc-wrapped-call", {"llamafactory": ">=0.7.1"},
-                  summary="with hotfix's transformers fixes only: LlamaFactory's wrapper reads the layer from "
-                          "hotfix's wrapped call (AttributeError: __self__)"),
     )
     symptom = (
         "RuntimeError: Trying to backward through the graph a second time - LlamaFactory use_unsloth_gc: true "
@@ -73,12 +60,9 @@ class LlamaFactoryUnslothGC(Patch):
         self._repairs: frozenset = frozenset()
 
     def drift(self, module: Any) -> Optional[str]:
-        enabler = getattr(module, ENABLER, None)
-        if not callable(enabler) or SETTER not in _names(enabler):
-            return f"{ENABLER} is missing or no longer calls {SETTER}"
         factory = getattr(module, UNSLOTH_FACTORY, None)
         if factory is None:
-            return None  # before 0.9.0: no use_unsloth_gc
+            return f"{UNSLOTH_FACTORY} is missing"
         # Read, not called: the class it defines is made per call (and its decorators warn on torch >= 2.4).
         from hotfix.patches._checkpoint_slot import code_objects
 
@@ -96,45 +80,11 @@ class LlamaFactoryUnslothGC(Patch):
             self.repaired(SAID[mechanism])
 
     def _apply(self, module: Any) -> None:
-        from hotfix.patches._fork_checkpoint import as_bound_method, checkpoint_through
+        from hotfix.patches._fork_checkpoint import checkpoint_through
 
         self._repairs = frozenset(m.name for m in self.mechanisms_here())
         notice = self._notice
-
-        def showing_layer(checkpoint):
-            """LlamaFactory's checkpoint function, handed a call that shows its layer."""
-            @functools.wraps(checkpoint)
-            def checkpoint_showing_layer(function, *args, **kwargs):
-                return checkpoint(as_bound_method(function), *args, **kwargs)
-
-            return checkpoint_showing_layer
-
-        enabler = getattr(module, ENABLER)
-
-        @functools.wraps(enabler)
-        def gradient_checkpointing_enable(model, *args, **kwargs):
-            setter = getattr(model, SETTER)
-            shadowed = model.__dict__.get(SETTER, _ABSENT)  # normally absent: the class's method
-
-            @functools.wraps(setter)  # LlamaFactory reads its signature (old "value" format or not)
-            def set_gradient_checkpointing(*set_args, **set_kwargs):
-                if callable(set_kwargs.get("gradient_checkpointing_func")):
-                    set_kwargs["gradient_checkpointing_func"] = showing_layer(set_kwargs["gradient_checkpointing_func"])
-                return setter(*set_args, **set_kwargs)
-
-            model.__dict__[SETTER] = set_gradient_checkpointing  # for this call only: the model keeps nothing
-            try:
-                return enabler(model, *args, **kwargs)
-            finally:
-                if shadowed is _ABSENT:
-                    model.__dict__.pop(SETTER, None)
-                else:
-                    model.__dict__[SETTER] = shadowed
-
-        self.replace(module, ENABLER, gradient_checkpointing_enable)
-        factory = getattr(module, UNSLOTH_FACTORY, None)
-        if factory is None:
-            return
+        factory = getattr(module, UNSLOTH_FACTORY)
 
         @functools.wraps(factory)
         def get_unsloth_gradient_checkpointing_func(*args, **kwargs):

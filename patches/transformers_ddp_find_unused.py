@@ -16,7 +16,6 @@ docs/fixes/transformers-ddp-find-unused.md.
 
 from __future__ import annotations
 
-import functools
 from typing import Any, Callable, List, Optional, Tuple
 
 from hotfix.patches._checkpoint_slot import SlotCoverage, setter_drift
@@ -25,48 +24,6 @@ from hotfix.patch import Mechanism, Patch
 #: innermost of the checkpoint-function slots (frozen-inputs 10, layer-io 20): it sees the call as the
 #: other fixes pass it on (their lifted inputs and anchors included) and adds the last inputs
 SLOT_RANK = 5
-#: how many objects the search for a checkpointed call's modules looks at (partials, wrappers, closures)
-SEARCH_LIMIT = 32
-
-
-def modules_called(function: Any) -> List[Any]:
-    """The ``nn.Module`` objects a checkpointed ``function`` calls, found without calling it.
-
-    Through ``functools.partial`` (its function and the modules among its arguments: 5.x binds the
-    layer as ``partial(forward, self)``), bound methods (``layer.__call__``), ``__wrapped__`` (wrappers
-    that name what they wrap: FlatOutputs, wrapt) and closures (the other fixes' call rewrites, a model's
-    own ``custom_forward(module)``).  Empty where none is found: the call is then left as it is.
-    """
-    from torch import nn
-
-    found: List[Any] = []
-    seen: set = set()
-    pending = [function]
-    while pending and len(seen) < SEARCH_LIMIT:
-        item = pending.pop()
-        if id(item) in seen:
-            continue
-        seen.add(id(item))
-        if isinstance(item, nn.Module):
-            found.append(item)
-        elif isinstance(item, functools.partial):
-            pending.extend(arg for arg in item.args if isinstance(arg, nn.Module))
-            pending.append(item.func)
-        else:
-            owner = getattr(item, "__self__", None)  # a bound method
-            if isinstance(owner, nn.Module):
-                pending.append(owner)
-            inner = getattr(item, "__wrapped__", None)
-            if inner is not None:
-                pending.append(inner)
-            for cell in getattr(item, "__closure__", None) or ():
-                try:
-                    value = cell.cell_contents
-                except ValueError:  # an empty cell
-                    continue
-                if isinstance(value, nn.Module) or (callable(value) and not isinstance(value, type)):
-                    pending.append(value)
-    return found
 
 
 def trainable_slots(modules: List[Any]) -> List[Tuple[Any, str, Any]]:
@@ -95,7 +52,9 @@ def with_parameters_as_inputs(function: Callable, count: int, slots: List[Tuple[
     (``owner._parameters``, restored after the call), so the recomputation's backward accumulates into
     the copies, which the checkpoint returns as the gradients of its parameter inputs.  ``recomputing``
     is called then: where upstream's recomputation would have marked those parameters ready again.
+    Shows the layer as ``function`` does (``_layer_call``).
     """
+    from hotfix.patches._layer_call import ShownCall  # imports torch: only when called
 
     def run_with_parameters(*all_inputs):
         given = all_inputs[count:]
@@ -112,16 +71,7 @@ def with_parameters_as_inputs(function: Callable, count: int, slots: List[Tuple[
             for owner, name, parameter in slots:
                 owner._parameters[name] = parameter
 
-    return run_with_parameters
-
-
-def searching_ddp(ddp_class: Any) -> Optional[Any]:
-    """The DDP module whose forward is running, where it will search the graph for unused parameters."""
-    ddp = ddp_class._active_ddp_module  # set by DistributedDataParallel around its module's forward
-    if ddp is None or not getattr(ddp, "find_unused_parameters", False) or getattr(ddp, "static_graph", False):
-        return None
-    # no_sync(): no search this step (the parameters' hooks are not awaited)
-    return ddp if getattr(ddp, "require_backward_grad_sync", True) else None
+    return ShownCall(run_with_parameters, function)
 
 
 def checkpoint_with_visible_parameters(fix: Patch) -> Callable:
@@ -131,9 +81,10 @@ def checkpoint_with_visible_parameters(fix: Patch) -> Callable:
     imports no torch.
     """
     import torch
-    from torch.nn.parallel import DistributedDataParallel
 
     from hotfix.patches._checkpoint_inputs import anchored, first_input_needs_grad, is_reentrant
+    from hotfix.patches._ddp_search import searching_ddp
+    from hotfix.patches._layer_call import modules_called
     from hotfix.patches._unsloth_checkpoint_shape import FirstInputRule
 
     is_grad_enabled = torch.is_grad_enabled
@@ -143,7 +94,7 @@ def checkpoint_with_visible_parameters(fix: Patch) -> Callable:
         fix.repaired("a checkpointed layer's parameters became checkpoint inputs, seen by DDP's search for unused ones")
 
     def expose_parameters_to_ddp(wrapped, instance, args, kwargs):  # named: a wrapper chain reads which fix is where
-        if (not args or searching_ddp(DistributedDataParallel) is None or not is_grad_enabled()
+        if (not args or searching_ddp() is None or not is_grad_enabled()
                 or not is_reentrant(wrapped, kwargs)):
             return wrapped(*args, **kwargs)
         function, inputs = args[0], args[1:]

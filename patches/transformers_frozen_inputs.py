@@ -26,27 +26,6 @@ from hotfix.patch import Mechanism, Patch
 SLOT_RANK = 10
 
 
-def _layer_of(function: Any) -> Any:
-    """The ``nn.Module`` whose call ``function`` is, or None."""
-    from torch import nn
-
-    for _ in range(8):  # partials of partials, bounded
-        if isinstance(function, nn.Module):
-            return function
-        if isinstance(function, functools.partial):
-            if function.args and isinstance(function.args[0], nn.Module):
-                return function.args[0]  # 5.x: partial(forward, self, **kwargs)
-            function = function.func
-            continue
-        inner = getattr(function, "__wrapped__", None)  # a hotfix wrapper around the layer call
-        if inner is not None:
-            function = inner
-            continue
-        owner = getattr(function, "__self__", None)  # bound layer.__call__ / super().__call__
-        return owner if isinstance(owner, nn.Module) else None
-    return None
-
-
 def checkpoint_with_anchor(fix: Patch) -> Callable:
     """The wrapt wrapper the slots put around a module's checkpoint function, reporting through ``fix``.
 
@@ -56,6 +35,7 @@ def checkpoint_with_anchor(fix: Patch) -> Callable:
     import torch
 
     from hotfix.patches._checkpoint_inputs import anchored, is_reentrant, layer_call
+    from hotfix.patches._layer_call import layer_of
     from hotfix.patches._structure import find_grad_tensors
     from hotfix.patches._unsloth_checkpoint_shape import FirstInputRule
 
@@ -78,7 +58,7 @@ def checkpoint_with_anchor(fix: Patch) -> Callable:
             find_grad_tensors(call.keywords, found, seen)
         if found:  # the checkpoint node exists (or the keyword fix's case): leave it
             return wrapped(*args, **kwargs)
-        layer = _layer_of(call)
+        layer = layer_of(call)
         if layer is None or not layer.training or not any(p.requires_grad for p in layer.parameters()):
             return wrapped(*args, **kwargs)
 

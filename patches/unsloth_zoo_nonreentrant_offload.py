@@ -65,14 +65,6 @@ def unsloth_reached(function: Any) -> bool:
     return function is unsloth_checkpoint and (swapped or torch_checkpoint.checkpoint is unsloth_checkpoint)
 
 
-def searching_ddp() -> bool:
-    """Is a DistributedDataParallel forward running that searches the graph for unused parameters?"""
-    parallel = sys.modules.get("torch.nn.parallel.distributed")
-    ddp = getattr(getattr(parallel, "DistributedDataParallel", None), "_active_ddp_module", None)
-    return (ddp is not None and bool(getattr(ddp, "find_unused_parameters", False))
-            and not getattr(ddp, "static_graph", False) and getattr(ddp, "require_backward_grad_sync", True))
-
-
 def missing_repairs(under_ddp: bool) -> List[str]:
     """The fixes a reentrant call needs here that are not applied (opted out, or failed to apply)."""
     from hotfix.config import normalize_patch_name
@@ -90,6 +82,7 @@ def checkpoint_routed_to_unsloth(fix: Patch) -> Callable:
     imports no torch.
     """
     from hotfix.patches._checkpoint_inputs import is_reentrant
+    from hotfix.patches._ddp_search import searching_ddp
 
     def route_to_unsloth(wrapped, instance, args, kwargs):  # named: a wrapper chain reads which fix is where
         # A reentrant call (4.x's default) is unsloth's own path.  Otherwise only transformers' shape,
@@ -103,7 +96,7 @@ def checkpoint_routed_to_unsloth(fix: Patch) -> Callable:
                           f"checkpoint call passes {', '.join(sorted(extra))}, which only non-reentrant "
                           f"checkpointing takes")
             return wrapped(*args, **kwargs)
-        missing = missing_repairs(searching_ddp())
+        missing = missing_repairs(searching_ddp() is not None)
         if missing:  # routed, the call would crash or lose gradients: better unsloth's offload stays bypassed
             where = " under DistributedDataParallel(find_unused_parameters=True)" if DDP_FIX in missing else ""
             fix.warn_once(("missing", tuple(missing)), f"unsloth's offloading checkpoint stays bypassed{where}: "

@@ -7,8 +7,8 @@ a variable ready only once", and trains with the fix's wrapper around that funct
 equal to DDP without checkpointing (a parameter the forward never uses: no gradient in both; a layer
 checkpointed twice per forward; gradient accumulation with ``no_sync``).  The
 wrapper leaves the call as it is outside a searching DDP (no DDP, static_graph, no_sync).  Also the
-pieces: finding the layer in the shapes a checkpoint function receives, and the parameter swap of the
-recomputation (restored after the call, also when it raises).
+parameter swap of the recomputation (restored after the call, also when it raises).  Finding the layer in
+the shapes a checkpoint function receives: tests/unit/test_layer_call.py.
 """
 
 from __future__ import annotations
@@ -26,10 +26,8 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from hotfix.diagnostics.compare import collect_grads, compare_grads
-from hotfix.patches._checkpoint_outputs import FlatOutputs
 from hotfix.patches.transformers_ddp_find_unused import (
     checkpoint_with_visible_parameters,
-    modules_called,
     patch,
     trainable_slots,
     with_parameters_as_inputs,
@@ -178,27 +176,6 @@ def test_a_call_whose_layer_is_not_found_is_left_as_it_is_with_one_line(one_rank
         ddp(torch.randn(2, 4)).backward()
     lines = [r.getMessage() for r in caplog.records if r.name == "hotfix"]
     assert len(lines) == 1 and "transformers-ddp-find-unused" in lines[0] and "cannot find" in lines[0], lines
-
-
-def test_modules_called_finds_the_layer_in_every_call_shape():
-    layer = Layer()
-
-    def custom_forward(*inputs):  # a model's own create_custom_forward(module)
-        return layer(*inputs)
-
-    def rewritten(*inputs, function=functools.partial(layer.__call__, scale=2.0)):
-        return function(*inputs)
-
-    closure = (lambda function: (lambda *inputs: function(*inputs)))(functools.partial(layer.__call__))
-    shapes = [functools.partial(layer.__call__, scale=2.0),       # 4.53-4.57: partial(super().__call__, **kw)
-              functools.partial(Layer.forward, layer, scale=2.0),  # 5.x: partial(forward, self, **kw)
-              layer.__call__, layer,                               # a model's own loop
-              FlatOutputs(functools.partial(layer.__call__)),       # another fix's wrapper (__wrapped__)
-              closure, custom_forward]
-    for shape in shapes:
-        assert modules_called(shape) == [layer], shape
-    assert modules_called(rewritten) == []  # a default argument is not a closure: nothing found, call unchanged
-    assert modules_called(torch.tanh) == []
 
 
 def test_the_recomputation_runs_with_the_twins_and_restores_the_parameters():

@@ -5,6 +5,7 @@
 the original object, one gradient taken and one returned.  Each case runs without checkpointing, through the
 Function as the forks call it (the defect must show), and through ``checkpoint_through``: every gradient
 equal to the run without checkpointing, a parameter without gradient there without one here (never zeros).
+And axolotl's wrapper (a stand-in) replaced by the fix: never handed hotfix's wrapper of the call.
 The real releases: tests/versions/test_llamafactory_unsloth_gc.py, test_axolotl_offload_checkpoint.py.
 """
 
@@ -17,7 +18,7 @@ import pytest
 import torch
 from torch import nn
 
-from hotfix.patches._fork_checkpoint import as_bound_method, checkpoint_through, function_drift, layer_of, shown_call
+from hotfix.patches._fork_checkpoint import checkpoint_through, function_drift
 
 BACKWARD_TWICE = "Trying to backward through the graph a second time"
 
@@ -126,19 +127,34 @@ def test_not_training_is_the_call_as_made():
     assert out == "as made" and calls == [1]
 
 
-def test_a_wrapped_call_shows_its_layer_and_is_unwrapped_again():
-    layer = Layer()
+AXOLOTL_LIKE = """
+def hf_grad_checkpoint_offload_wrapper(decoder_layer, *args, use_reentrant=None):
+    seen.append(decoder_layer.func.__self__)  # is the layer a GradientCheckpointingLayer?
+    return CPU_Offloaded_Gradient_Checkpointer.apply(decoder_layer, *args)
+"""
+
+
+def test_axolotls_wrapper_is_never_handed_hotfixs_wrapper_of_the_call():
+    """axolotl's wrapper (a stand-in, written from its behaviour) reads ``.func`` and ``__self__`` from the call and
+    may call that layer in the call's place: hotfix's wrappers of the call (which show the layer, ``_layer_call``)
+    must run, so the fix's replacement hands them to the Function itself, also not training; transformers' own
+    call still goes to axolotl's wrapper there."""
+    from hotfix.patches._checkpoint_outputs import FlatOutputs
+    from hotfix.patches.axolotl_offload_checkpoint import AxolotlOffloadCheckpoint
+
+    module = types.ModuleType("axolotl_like")
+    module.seen, module.CPU_Offloaded_Gradient_Checkpointer = [], type("CPU_Offloaded_Gradient_Checkpointer",
+                                                                      (HiddenStatesOnly,), {})
+    exec(AXOLOTL_LIKE, module.__dict__)
+    AxolotlOffloadCheckpoint()._apply(module)
+    layer, hidden = Layer(), torch.randn(2, 4)
     call = functools.partial(layer.__call__, context=None)
-
-    def lifted(*args):  # a hotfix call rewrite: a closure over the partial
-        return call(*args)
-
-    wrapper = types.SimpleNamespace(__wrapped__=lifted)  # FlatOutputs-like: names what it wraps
-    wrapper.__call__ = None
-    assert layer_of(wrapper) is layer and layer_of(lifted) is layer
-    shown = as_bound_method(lifted)
-    assert shown.__self__ is layer and shown_call(shown) is lifted
-    assert as_bound_method(call) is call and as_bound_method(layer.__call__) == layer.__call__  # already shown
+    with torch.no_grad():
+        expected = layer(hidden)[0]
+        assert torch.equal(module.hf_grad_checkpoint_offload_wrapper(FlatOutputs(call), hidden)[0], expected)
+        assert module.seen == []
+        assert torch.equal(module.hf_grad_checkpoint_offload_wrapper(call, hidden)[0], expected)
+        assert module.seen == [layer]
 
 
 def test_function_drift_knows_the_forks_shape():

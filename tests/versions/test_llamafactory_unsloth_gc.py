@@ -4,9 +4,9 @@ tools/lab/fork_cases.py in a fresh interpreter: the release's real ``model_utils
 fork_loader (its package stubbed), checkpointing turned on as LlamaFactory's ``prepare_model_for_training``
 does, one step without checkpointing and one with, every gradient compared (1e-6).  0.9.5 (latest) with
 transformers 4.56.2 (the test venv's; its pins allow it): each defect reproduces upstream (HOTFIX_DISABLE=1),
-then with hotfix activated in the same process every case is equal.  Hotfix with this fix opted out breaks
-LlamaFactory's wrapper (what the fix's wrapped-call mechanism repairs).  Every release on PyPI: the stored
-rows (docs/census/forks/) against the declared ranges.
+then with hotfix activated in the same process every case is equal.  LlamaFactory's wrapper reads the layer
+from hotfix's wrappers of the call, this fix opted out or not.  Every release on PyPI: the stored rows
+(docs/census/forks/) against the declared ranges.
 """
 
 from __future__ import annotations
@@ -58,17 +58,17 @@ def test_use_unsloth_gc_broken_upstream_equal_with_hotfix():
     assert any(FIX in line for line in repair_notices(proc.stderr)), proc.stderr[-3000:]
 
 
-def test_hotfix_without_this_fix_breaks_llamafactorys_wrapper():
-    """Every checkpointed call goes through LlamaFactory's wrapper, which reads the layer from the call:
-    hotfix's transformers fixes hand it a wrapped call (AttributeError) unless this fix shows the layer."""
-    cases = ["plain", "keyword"]
-    results, _ = _cases("llamafactory-torch", cases, env={"HOTFIX_DISABLED_PATCHES": FIX})
-    for case in cases:
-        assert results[("hotfix", case)]["status"] == "crash"
-        assert "has no attribute '__self__'" in results[("hotfix", case)]["error"]
-    results, _ = _cases("llamafactory-torch", cases)
-    for case in cases:  # keyword: transformers-checkpoint-layer-io's repair, through LlamaFactory's wrapper
-        _equal(results[("hotfix", case)])
+def test_llamafactorys_wrapper_reads_the_layer_from_hotfixs_wrappers():
+    """Every checkpointed call goes through LlamaFactory's wrapper, which reads the layer from the call
+    (``func.__self__``).  hotfix's transformers fixes hand it their own wrapper of the call, which shows the
+    layer as the call does (patches/_layer_call.py; before: "AttributeError: 'FlatOutputs' object has no
+    attribute '__self__'"), with this fix opted out too.  keyword, keyword-frozen-first:
+    transformers-checkpoint-layer-io's repair (its lifting closure) through LlamaFactory's wrapper."""
+    cases = ["plain", "keyword", "keyword-frozen-first"]
+    for env in ({"HOTFIX_DISABLED_PATCHES": FIX}, None):
+        results, _ = _cases("llamafactory-torch", cases, env=env)
+        for case in cases:
+            _equal(results[("hotfix", case)])
 
 
 def test_declared_ranges_equal_the_fork_census():

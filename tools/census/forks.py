@@ -70,8 +70,10 @@ COLUMN = {"plain": "wrapped-call", "tensor-output": "tensor-output", "several-ou
 CASES = tuple(COLUMN)
 #: fork -> column -> the mechanism of its fix (the rows' "mechanism")
 MECHANISMS = {
+    # wrapped-call: LlamaFactory's wrapper reads func.__self__, which hotfix's wrappers of the call show
+    # (patches/_layer_call.py): no mechanism of its fix, the column stays as a check that it keeps working
     "llamafactory": {"extra-inputs": "unsloth-gc-extra-inputs", "several-outputs": "unsloth-gc-several-outputs",
-                     "tensor-output": "unsloth-gc-tensor-output", "wrapped-call": "custom-gc-wrapped-call"},
+                     "tensor-output": "unsloth-gc-tensor-output"},
     "axolotl": {"extra-inputs": "offload-extra-inputs", "several-outputs": "offload-several-outputs",
                 "tensor-output": "offload-tensor-output", "wrapped-call": "offload-wrapped-call"},
 }

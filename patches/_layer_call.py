@@ -1,0 +1,106 @@
+"""Which layer a checkpointed call runs, and hotfix's wrappers of that call showing it as the call does.
+
+A checkpoint function is handed the layer's call: a bound ``layer.__call__`` / ``super().__call__``, a
+``partial`` of one (transformers 4.52+), ``partial(forward, layer)`` (5.x), a model's own
+``custom_forward(module)`` closure.  :func:`modules_called` is the one lookup of the modules behind such a
+call, for every fix that needs the layer (frozen inputs, DDP, the forks' checkpoints, the wrappers below):
+breadth first, nearest first and never into a module, through partials (the modules among their bound
+arguments, then their function), ``__self__`` (bound methods; hotfix's wrappers), ``__wrapped__`` chains
+and closure cells.  :func:`layer_of` is the nearest of them.
+
+hotfix's fixes hand the checkpoint function their own wrapper of the call instead (``FlatOutputs``,
+``SharedStateWrites``; the lifting, anchor and DDP closures, each in a :class:`ShownCall`), and third-party
+checkpoint functions read the layer from what they are handed (LlamaFactory's wrapper reads
+``function.__self__`` to checkpoint trainable layers only).  So each wrapper (:class:`LayerCallWrapper`)
+shows identity, nothing more: ``__wrapped__`` (the call it wraps) and ``__self__`` (the layer, looked up
+when read; absent where none is found, as on the call).  Never ``func``/``args``/``keywords``:
+a checkpoint function re-making the call from them would run the layer without the wrapper (lifted inputs,
+anchor, parameter twins).  One that calls ``__self__`` in place of the function it is handed (axolotl's
+offload wrappers) bypasses the wrapper just the same: axolotl-offload-checkpoint replaces those wrappers.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import deque
+from typing import Any, Callable, Iterator, List, Optional
+
+from torch import nn
+
+__all__ = ["LayerCallWrapper", "ShownCall", "layer_of", "modules_called"]
+
+#: how many objects one lookup looks at (partials of partials, wrappers of wrappers, closures of closures)
+SEARCH_LIMIT = 32
+
+
+def _modules(function: Any) -> Iterator[nn.Module]:
+    pending, seen = deque((function,)), set()
+    while pending and len(seen) < SEARCH_LIMIT:
+        item = pending.popleft()
+        if id(item) in seen:
+            continue
+        seen.add(id(item))
+        if isinstance(item, nn.Module):
+            yield item
+            continue
+        if isinstance(item, functools.partial):
+            pending.extend(arg for arg in item.args if isinstance(arg, nn.Module))  # 5.x: partial(forward, layer)
+            pending.append(item.func)
+            continue
+        owner = getattr(item, "__self__", None)  # bound layer.__call__ / super().__call__, a hotfix wrapper
+        if isinstance(owner, nn.Module):
+            pending.append(owner)
+            continue
+        inner = getattr(item, "__wrapped__", None)  # a wrapper naming what it wraps (functools.wraps, wrapt)
+        if inner is not None:
+            pending.append(inner)
+        for cell in getattr(item, "__closure__", None) or ():  # a model's custom_forward(module)
+            try:
+                value = cell.cell_contents
+            except ValueError:  # an empty cell
+                continue
+            if isinstance(value, nn.Module) or (callable(value) and not isinstance(value, type)):
+                pending.append(value)
+
+
+def modules_called(function: Any) -> List[nn.Module]:
+    """The ``nn.Module`` objects the checkpointed ``function`` calls, nearest first, found without calling it."""
+    return list(_modules(function))
+
+
+def layer_of(function: Any) -> Optional[nn.Module]:
+    """The layer whose call ``function`` is (the nearest module :func:`modules_called` finds), or None."""
+    return next(_modules(function), None)
+
+
+class LayerCallWrapper:
+    """Base of hotfix's wrappers of a layer call, which set ``__wrapped__``: ``__self__`` is the layer.
+
+    Looked up when read, not when a wrapper is made: most checkpointed calls are never asked.
+    """
+
+    __slots__ = ()
+    __wrapped__: Callable
+
+    @property
+    def __self__(self) -> nn.Module:
+        layer = layer_of(self.__wrapped__)
+        if layer is None:
+            raise AttributeError("__self__")  # as on a call that shows no layer
+        return layer
+
+
+class ShownCall(LayerCallWrapper):
+    """``run``, a function that calls ``function`` in some other way (a call rewrite), showing its layer."""
+
+    __slots__ = ("_run", "__wrapped__")
+
+    def __init__(self, run: Callable, function: Any) -> None:
+        self._run = run
+        self.__wrapped__ = function
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._run(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<hotfix {getattr(self._run, '__name__', 'call')} of {self.__wrapped__!r}>"
