@@ -44,10 +44,10 @@ def _fixes_beside_a_checkout() -> None:
 
 _fixes_beside_a_checkout()
 
-from hotfix.patch import Mechanism, Patch, Verdict  # noqa: E402
+from hotfix.patch import Lost, Mechanism, Patch, Verdict  # noqa: E402
 from hotfix.registry import ENTRY_POINT_GROUP, registry  # noqa: E402
 
-__all__ = ["Patch", "Mechanism", "Verdict", "activate", "revert", "known_patches", "ENTRY_POINT_GROUP",
+__all__ = ["Patch", "Mechanism", "Lost", "Verdict", "activate", "revert", "known_patches", "ENTRY_POINT_GROUP",
            "__version__"]
 __version__ = "0.1.0"  # the one place: pyproject.toml reads it (tool.setuptools.dynamic)
 

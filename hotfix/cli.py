@@ -44,17 +44,23 @@ def _import_targets(patches) -> dict:
 
 
 def _state(patch, opted_out: bool, problems: dict) -> str:
-    """One phrase: what this fix is doing in this process."""
+    """One phrase: what this fix is doing in this process, and what it does NOT COVER here."""
     if opted_out:
         return "opted out"
     invalid = patch.declaration_error()
     if invalid:
         return f"NOT APPLIED: {invalid}"
+    uncovered = patch.uncovered_here()  # older than the fix reaches, or state upstream drops before it
+    if not patch.applied and not patch.check().applies:
+        return f"NOT COVERED here: {uncovered}" if uncovered else "not needed here"
+    doing = _doing(patch, problems)
+    return f"{doing}; NOT COVERED here: {uncovered}" if uncovered else doing
+
+
+def _doing(patch, problems: dict) -> str:
+    """Where a fix belongs here: applied, or why not yet."""
     if patch.applied:
         return "APPLIED to " + ", ".join(patch.applied_targets)
-    if not patch.check().applies:
-        uncovered = patch.uncovered_here()  # older than the fix reaches: the bug may be here, unrepaired
-        return f"NOT COVERED here: {uncovered}" if uncovered else "not needed here"
     if patch.last_error:
         return patch.last_error
     failed = [problems[t] for t in patch.targets if t in problems]
@@ -104,6 +110,8 @@ def _describe(patch, write) -> None:
     for mechanism in patch.mechanisms:
         ranges = ", ".join(f"{dist} {spec}" for dist, spec in mechanism.affected.items())
         ranges += "".join(f"; not reached: {dist} {spec}" for dist, spec in mechanism.unreached.items())
+        ranges += "".join(f"; lost upstream: {dist} {spec}" for lost in mechanism.lost
+                          for dist, spec in lost.affected.items())
         write(f"    {'[here] ' if mechanism.name in here else '       '}{mechanism.name} ({ranges}): {mechanism.summary}")
     write(f"    here:     {'applies' if verdict.applies else 'does not apply'}: {verdict.reason}")
     uncovered = patch.uncovered_here()
@@ -293,6 +301,17 @@ def _version() -> str:
     return f"hotfix-checkpoint {hotfix.__version__} from {os.path.dirname(hotfix.__file__)} (Python {python})"
 
 
+class _PrintVersion(argparse.Action):
+    """``--version``: the line as it is (argparse's own action wraps it at the terminal's width, splitting a path)."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(_version())
+        parser.exit()
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     """The ``hotfix`` command; returns its exit status (argparse exits with 2 on a usage error)."""
     stdout = sys.stdout
@@ -311,7 +330,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 def _run(argv: Optional[List[str]]) -> int:
     parser = argparse.ArgumentParser(prog="hotfix", description=__doc__.splitlines()[0])
-    parser.add_argument("--version", action="version", version=_version())
+    parser.add_argument("--version", action=_PrintVersion, help="the version, where it runs from, the Python")
     sub = parser.add_subparsers(dest="command")
     p_status = sub.add_parser("status", help="versions, known patches, what is applied here")
     p_status.add_argument("--no-import", action="store_true",

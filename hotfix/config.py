@@ -15,7 +15,7 @@ A value that is not understood never raises: it gets one warning on the
                              logger, shown on stderr even where nothing set up
                              logging (the registry attaches hotfix.notice's
                              handler at activation); WARNING and ERROR also
-                             silence the one "repaired" line
+                             silence the "repaired" lines
                              (default: leave the logger as configured)
 
 Parsing only: this module imports nothing of hotfix.

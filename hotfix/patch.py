@@ -46,8 +46,10 @@ class Mechanism:
     ``unreached`` (same form) names releases that have, or may have, the
     mechanism but that the fix does not act on (older than the code it hooks, or
     than the releases hotfix supports): ``hotfix status`` says "NOT COVERED"
-    there, never "not needed".  The census (tools/census/) measures every release
-    line against these.
+    there, never "not needed".  ``lost`` (:class:`Lost`, each with its reason) names
+    releases where upstream drops the mechanism's state before any checkpoint
+    function sees it, so that the fix, applied, cannot restore it: NOT COVERED there
+    too.  The census (tools/census/) measures every release line against these.
     """
 
     name: str
@@ -55,6 +57,16 @@ class Mechanism:
     fixed_in: Optional[str] = None
     summary: str = ""
     unreached: Mapping[str, str] = field(default_factory=dict)
+    lost: Tuple["Lost", ...] = ()
+
+
+@dataclass(frozen=True)
+class Lost:
+    """Releases where upstream drops a mechanism's state before any checkpoint function sees it (the fix, applied,
+    cannot restore it): ``hotfix status`` and ``hotfix doctor`` say "NOT COVERED" there, with ``reason``."""
+
+    affected: Mapping[str, str]  # distribution -> PEP 440 specifier set, every entry (as Mechanism.affected)
+    reason: str  # what is dropped, where, and the upstream issue
 
 
 def _range_problems(ranges: Any, where: str) -> List[str]:
@@ -68,6 +80,22 @@ def _range_problems(ranges: Any, where: str) -> List[str]:
             continue
         if not _is_specifier_set(spec):
             problems.append(f"{where} range of {dist} {spec!r} is not a PEP 440 specifier set")
+    return problems
+
+
+def _lost_problems(mechanism: Mechanism) -> List[str]:
+    """Why ``mechanism.lost`` cannot be read, one phrase each; [] when it can."""
+    where = f"mechanism {mechanism.name!r}: lost"
+    if not isinstance(mechanism.lost, (tuple, list)):
+        return [f"{where} is a {type(mechanism.lost).__name__}, not a tuple of hotfix.Lost"]
+    problems = []
+    for index, lost in enumerate(mechanism.lost):
+        if not isinstance(lost, Lost):
+            problems.append(f"{where}[{index}] is a {type(lost).__name__}, not a hotfix.Lost")
+            continue
+        problems += _range_problems(lost.affected, f"{where}[{index}]")
+        if not lost.affected or not isinstance(lost.reason, str) or not lost.reason:
+            problems.append(f"{where}[{index}] needs a range and a reason")
     return problems
 
 
@@ -103,6 +131,11 @@ def check_range(affected: Mapping[str, str]) -> Verdict:
     if unknown:
         parts.append("; ".join(unknown) + ": applied where the target's code has the affected shape (drift check)")
     return Verdict(True, "; ".join(parts) or "no version constraint")
+
+
+def _installed(ranges: Mapping[str, str]) -> str:
+    """The installed version of each distribution ``ranges`` names, as one phrase ("transformers 5.5.1")."""
+    return ", ".join(f"{dist} {reader.evidence(dist).version}" for dist in ranges)
 
 
 class Patch:
@@ -242,6 +275,7 @@ class Patch:
                     continue
                 problems += _range_problems(mechanism.affected, f"mechanism {mechanism.name!r}: affected")
                 problems += _range_problems(mechanism.unreached, f"mechanism {mechanism.name!r}: unreached")
+                problems += _lost_problems(mechanism)
         if not problems:
             return None
         error = "invalid declaration: " + "; ".join(problems)
@@ -277,21 +311,26 @@ class Patch:
         return tuple(m for m in self.mechanisms if check_range(m.affected).applies)
 
     def uncovered_here(self) -> Optional[str]:
-        """Why this fix does not act here although the installed versions may have what it repairs, or None.
+        """Why this fix does not repair here what the installed versions may have, or None.
 
-        Only where the fix does not apply at all (``Mechanism.unreached`` holds the installed
-        versions for some mechanism): where it applies, the mechanisms it repairs are the news.
+        ``Mechanism.unreached`` holding the installed versions counts only where the fix does not apply
+        at all (where it applies, the mechanisms it repairs are the news); ``Mechanism.lost``, applied
+        or not: upstream drops that state before the fix sees it.
         """
-        if self.check().applies or self.declaration_error():
+        if self.declaration_error():
             return None
-        groups: Dict[str, List[str]] = {}  # the versions and the reach, said once -> mechanism names
+        applies = self.check().applies
+        groups: Dict[Tuple[str, str], List[str]] = {}  # (where and why, said once; the verdict) -> mechanism names
         for mechanism in self.mechanisms:
-            if mechanism.unreached and check_range(mechanism.unreached).applies:
-                found = ", ".join(f"{dist} {reader.evidence(dist).version}" for dist in mechanism.unreached)
+            if not applies and mechanism.unreached and check_range(mechanism.unreached).applies:
                 reached = ", ".join(f"{dist} {spec}" for dist, spec in mechanism.affected.items())
-                groups.setdefault(f"{found} is outside what this fix reaches ({reached})", []).append(mechanism.name)
-        return "; ".join(f"{where}: {', '.join(names)} may be broken here, unrepaired"
-                         for where, names in groups.items()) or None
+                where = f"{_installed(mechanism.unreached)} is outside what this fix reaches ({reached})"
+                groups.setdefault((where, "may be broken here, unrepaired"), []).append(mechanism.name)
+            for lost in mechanism.lost:
+                if check_range(lost.affected).applies:
+                    where = f"{_installed(lost.affected)}: {lost.reason}"
+                    groups.setdefault((where, "broken here, and hotfix cannot restore it"), []).append(mechanism.name)
+        return "; ".join(f"{where}: {', '.join(names)} {verdict}" for (where, verdict), names in groups.items()) or None
 
     @property
     def distributions(self) -> Tuple[str, ...]:

@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any, Callable, Optional
 
 from hotfix.patches._checkpoint_slot import ATTRIBUTE, CheckpointFunctionSlot, SlotCoverage, code_objects, setter_drift
-from hotfix.patch import Mechanism, Patch
+from hotfix.patch import Lost, Mechanism, Patch
 
 
 #: outermost of the checkpoint-function slots: it sees the partial exactly as transformers made it
@@ -94,6 +94,26 @@ def calls_checkpoint_with_partial(layer_class: type) -> bool:
     return False
 
 
+# Where upstream drops the state before any checkpoint function sees it (census: docs/versions.md): under
+# checkpointing, GradientCheckpointingLayer sets past_key_values=None, so what a layer shares through the Cache
+# is gone from the checkpointed forward, with any checkpoint function (non-reentrant too).  Measured against a
+# step without checkpointing with use_cache=True, the released configs' default (the census's "+cache" cells).
+GEMMA3N_CACHE_SHARING = (
+    "Gemma-3n shares keys/values between layers (num_kv_shared_layers) through the Cache, which checkpointing "
+    "drops (GradientCheckpointingLayer sets past_key_values=None): with use_cache=True (its config's default) the "
+    "shared layers compute their own, another forward than without checkpointing (5.0 builds the Cache in training "
+    "too; 5.6 shares them outside the Cache)")
+GEMMA4_CACHE_SHARING = (
+    "Gemma-4 with num_kv_shared_layers (E2B/E4B) shares keys/values between layers through the Cache, which "
+    "checkpointing drops (GradientCheckpointingLayer sets past_key_values=None): with use_cache=True (its config's "
+    "default) the shared layers compute their own, another forward than without checkpointing "
+    "(huggingface/transformers#45242; 5.5.2 shares them outside the Cache, #45312)")
+DIFFUSION_GEMMA_CACHE = (
+    "DiffusionGemma's decoder reads the encoder's keys/values from the Cache, which checkpointing drops "
+    "(GradientCheckpointingLayer sets past_key_values=None): another forward than without checkpointing (5.12 - "
+    "5.14 turn checkpointing off for the model; 5.15 keeps the Cache)")
+
+
 class TransformersCheckpointLayerIO(Patch):
     name = "transformers-checkpoint-layer-io"
     aliases = ("transformers-keyword-tensors",)  # its name until 0.1.0; still accepted as an opt-out
@@ -110,9 +130,12 @@ class TransformersCheckpointLayerIO(Patch):
         Mechanism("nested-outputs", {"transformers": ">=4.35.0"}, unreached={"transformers": "<4.35.0"},
                   summary="a layer output that nests its tensors (pvt_v2's ((hidden,), h, w), LiLT before 4.53)"),
         Mechanism("shared-mapping", {"transformers": ">=4.53.0"},
-                  summary="tensors a layer stores into a mapping shared across layers (Gemma-3n/4 KV sharing)"),
+                  summary="tensors a layer stores into a mapping shared across layers (Gemma-3n/4 KV sharing)",
+                  lost=(Lost({"transformers": ">=5.0.0,<5.6.0"}, GEMMA3N_CACHE_SHARING),
+                        Lost({"transformers": ">=5.5.0,<5.5.2"}, GEMMA4_CACHE_SHARING))),
         Mechanism("cache-contents", {"transformers": ">=4.56.0"},
-                  summary="keys/values a layer reads from a Cache it is handed (DiffusionGemma's decoder)"),
+                  summary="keys/values a layer reads from a Cache it is handed (DiffusionGemma's decoder)",
+                  lost=(Lost({"transformers": ">=5.11.0,<5.12.0"}, DIFFUSION_GEMMA_CACHE),)),
         Mechanism("unused-outputs", {"transformers": ">=4.35.0"}, unreached={"transformers": "<4.35.0"},
                   summary="a layer output the loss never uses gets zeros instead of no gradient (LiLT)"),
     )

@@ -84,13 +84,14 @@ def _describe(result: Dict) -> str:
     return f"{label} loss {result['loss']:.4f}; {result['summary']}"
 
 
-def _uncovered_fixes() -> List[Tuple[str, str]]:
-    """(fix, why) for each transformers fix that does not reach the installed release (``Patch.uncovered_here``)."""
+def _uncovered_fixes() -> List[Tuple[str, str, bool]]:
+    """(fix, why, applies) for each transformers fix that does not repair everything here (``Patch.uncovered_here``);
+    ``applies`` False: it does not reach the installed release at all."""
     from hotfix.registry import registry
 
-    found = [(patch.name, patch.uncovered_here()) for patch in registry.patches().values()
+    found = [(patch.name, patch.uncovered_here(), patch.check().applies) for patch in registry.patches().values()
              if "transformers" in patch.distributions]
-    return [(name, why) for name, why in found if why]
+    return [(name, why, applies) for name, why, applies in found if why]
 
 
 def main(argv=None) -> int:
@@ -103,12 +104,17 @@ def main(argv=None) -> int:
         print(f"hotfix doctor: transformers cannot be imported here ({exc!r}); nothing to check.")
         return 2
     uncovered = _uncovered_fixes()
-    if uncovered:  # e.g. transformers 4.34: no checkpoint function for the fixes to act on, or the check to see
+    if any(not applies for _, _, applies in uncovered):  # e.g. transformers 4.34: no checkpoint function to act on
         print("hotfix doctor: nothing to compare here; hotfix's fixes do not reach this release:")
-        for name, why in uncovered:
+        for name, why, _ in uncovered:
             print(f"  {name}: NOT COVERED: {why}")
         print("Install a release the fixes reach (`hotfix status --verbose` lists the ranges).")
         return 2
+    if uncovered:  # applied, but upstream drops some state before any checkpoint function sees it (5.5.1's Gemma-4)
+        print("hotfix doctor: on this release hotfix cannot repair everything (the cases below do not show it):")
+        for name, why, _ in uncovered:
+            print(f"  {name}: NOT COVERED: {why}")
+        print()
     print("hotfix doctor: tiny random-weight Whisper (2+2 layers, d_model 16) on CPU, one training step,")
     print("gradients compared with the same step without checkpointing.\n")
     without = _run_child(disabled=True)
@@ -129,6 +135,8 @@ def main(argv=None) -> int:
         print("verdict: checkpointing already works here without hotfix; hotfix changes nothing.")
     else:
         print("verdict: checkpointing is still broken with hotfix here; please report it with `hotfix status`.")
+    if uncovered:
+        print(f"NOT COVERED on this release (above): {', '.join(name for name, _, _ in uncovered)}.")
     return 0 if healthy else 1
 
 

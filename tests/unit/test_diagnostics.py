@@ -343,17 +343,20 @@ def test_check_model_refuses_numbers_that_would_give_a_false_verdict_in_one_usag
     assert f"argument {flag}: {value!r} is not " in capsys.readouterr().err
 
 
-def test_version_names_the_distribution_and_where_it_runs_from(capsys):
+def test_version_names_the_distribution_and_where_it_runs_from(capsys, monkeypatch):
+    """One line, never wrapped at the terminal's width (argparse's version action split a long path)."""
     import os
 
     import hotfix
     from hotfix.cli import main
 
+    monkeypatch.setenv("COLUMNS", "40")
     with pytest.raises(SystemExit) as exited:
         main(["--version"])
     assert exited.value.code == 0
-    assert capsys.readouterr().out.startswith(
-        f"hotfix-checkpoint {hotfix.__version__} from {os.path.dirname(hotfix.__file__)} (Python ")
+    out = capsys.readouterr().out
+    assert out.startswith(f"hotfix-checkpoint {hotfix.__version__} from {os.path.dirname(hotfix.__file__)} (Python ")
+    assert out.count("\n") == 1, out
 
 
 def test_a_reader_that_stops_reading_ends_the_output_quietly_and_the_verdict_still_decides(builders, monkeypatch):
