@@ -4,8 +4,10 @@ tools/census/census.py runs, into a temporary store, without and with hotfix: on
 through torch's function and unsloth-zoo's (2026.10.9 on CPU) a sweep cell (Whisper's keyword tensors: broken upstream, equal with hotfix),
 a lab cell (a third-party GradientCheckpointingLayer), a release-absent cell (Gemma-4: n/a) and a cell
 whose step without checkpointing crashes upstream (GIT's input-grad hook); and unsloth-zoo 2025.11.3
-with the transformers line of its time (4.57.6), every zoo case.  Then it renders the page.  (The full
-census runs for hours; its committed rows are checked by test_version_gates.py.)
+with the transformers line of its time (4.57.6), every zoo case.  Then it renders the page.  And one torch
+line (``--torch 2.11.0``: the census re-runs itself in scripts/test.sh's .matrix/torch-2.11.0) with a lab
+cell and the compile column's Whisper (eager backend).  (The full census runs for hours; its committed rows
+are checked by test_version_gates.py.)
 """
 
 from __future__ import annotations
@@ -48,3 +50,22 @@ def test_census_subset(tmp_path):
     assert "| 4.56.2 | broken → equal |" in page, page  # keyword-tensors, the first column
     assert "| 2025.11.3 | 4.57.6 | broken → equal | broken → equal | broken → equal |" in page, page
     assert "## Broken with hotfix\n\nNone." in page, page
+
+
+def test_census_torch_line_subset(tmp_path):
+    """The census under another torch: its venv, transformers 5.23.0 there (it imports with torch 2.11), a cell
+    of the mechanism columns and one of the compile column, without and with hotfix."""
+    matrix_path("torch", "2.11.0")  # installed by scripts/test.sh
+    matrix_path("transformers", "5.23.0")
+    store, doc = _census(tmp_path, "--torch", "2.11.0", "--functions", "torch",
+                         "--cells", "lab/custom-layer,compile/whisper/eager")
+    rows = {(r["case"], r["hotfix"]): r for r in map(json.loads, store.read_text().splitlines())}
+    assert sorted(rows) == [(case, on) for case in ("compile/whisper/eager", "lab/custom-layer") for on in (False, True)]
+    assert {r["torch"] for r in rows.values()} == {"2.11.0"} and {r["release"] for r in rows.values()} == {"5.23.0"}
+    assert (rows[("lab/custom-layer", False)]["verdict"], rows[("lab/custom-layer", True)]["verdict"]) == ("crash", "equal")
+    off, on = rows[("compile/whisper/eager", False)], rows[("compile/whisper/eager", True)]
+    assert off["verdict"] == on["verdict"] == "equal", (off, on)
+    assert [off[k] for k in ("graphs", "breaks", "frames", "recompiles")] == \
+        [on[k] for k in ("graphs", "breaks", "frames", "recompiles")], (off, on)
+    page = doc.read_text()
+    assert "| 2.11.0 | 5.23.0 | torch |" in page, page

@@ -1,7 +1,8 @@
 """The ranges each fix declares equal the census's evidence (issue 26), from the committed rows.
 
 docs/census/ holds the rows of tools/census/census.py (every transformers minor line 4.35 - 5.23 and
-every unsloth-zoo release since 2024.11.6, without and with hotfix); nothing is re-run here.
+every unsloth-zoo release since 2024.11.6, without and with hotfix, under torch 2.13.0 and 2.14.1; the
+torch lines 2.4 - 2.15 on one release each, with the compile column); nothing is re-run here.
 tools/census/gates.py says what "equal to the evidence" means; this test fails on any disagreement,
 and when a release the census should cover has no rows.
 """
@@ -14,6 +15,7 @@ import sys
 from conftest import REPO, TOOLS
 
 sys.path[:0] = [str(TOOLS / "census"), str(TOOLS / "sweep")]
+import boundaries  # noqa: E402
 import cells  # noqa: E402
 import gates  # noqa: E402
 import releases  # noqa: E402
@@ -49,9 +51,64 @@ def test_the_census_covers_every_release_it_should():
     assert [r for r in rows if r["verdict"] == "error"] == []
 
 
+#: the torch lines the census measured (tools/census/census.py --torch): each on one transformers release
+#: (releases.TORCH_LINE_RELEASE, or the release of that torch's time), every mechanism cell and the eager
+#: compile column; COMPILE_ONLY: the compile column only; INDUCTOR: lines with the inductor cases too.
+#: Not measured yet: 2.5.1, 2.6.0, 2.7.1, 2.9.1 (and the mechanism cells of the COMPILE_ONLY lines).
+TORCH_LINES = ("2.4.1", "2.11.0", "2.12.1", "2.13.0", "2.14.1", "2.15.0")
+TORCH_LINES_COMPILE_ONLY = ("2.8.0", "2.10.0")
+TORCH_LINES_INDUCTOR = ()
+
+
+def test_every_measured_torch_line_has_every_cell():
+    """Every transformers and lab cell through both functions (unsloth's n/a with its reason where unsloth-zoo
+    does not load under that torch), and the compile column, without and with hotfix."""
+    rows = _rows()
+    measured = {(r["torch"], r["dimension"], r["release"], r["function"], r["case"], r["hotfix"]): r for r in rows}
+    missing = []
+    for torch in TORCH_LINES + TORCH_LINES_COMPILE_ONLY:
+        release = render._line_release(rows, torch)
+        cases = []
+        if torch in TORCH_LINES:
+            cases += [("transformers", f"{model}/{recipe}") for model, recipe, _ in cells.CELLS
+                      if f"{model}/{recipe}" not in cells.RELEASE_ONLY]
+            cases += [("transformers", f"lab/{case}") for case, _ in cells.LAB_CELLS]
+        cases += [("compile", f"compile/{model}/{backend}") for model, backend in cells.COMPILE_CASES
+                  if backend == "eager" or torch in TORCH_LINES_INDUCTOR]
+        missing += [(torch, dimension, release, function, case, hotfix) for dimension, case in cases
+                    for function in ("torch", "unsloth") for hotfix in (False, True)
+                    if (torch, dimension, release, function, case, hotfix) not in measured]
+    assert missing == [], (len(missing), missing[:10])
+    unsloth_na = [r for r in rows if r["function"] == "unsloth" and r["verdict"] == "n/a" and r["dimension"] == "compile"]
+    assert all("does not load under torch" in r["detail"] for r in unsloth_na), unsloth_na[:3]
+
+
+def test_hotfix_never_breaks_what_torch_compile_runs_upstream():
+    """The compile column: on every torch line measured, with hotfix as without it (equal gradients where
+    upstream has them, the same graphs, breaks, frames and recompiles)."""
+    assert gates.compile_problems(_rows()) == []
+
+
+def test_the_compile_rule_catches_hotfix_breaking_compile():
+    def row(hotfix, verdict, graphs, case="compile/whisper/eager"):
+        return {"dimension": "compile", "torch": "2.11.0", "release": "4.56.2", "function": "torch", "case": case,
+                "hotfix": hotfix, "verdict": verdict, "detail": "", "graphs": graphs, "breaks": 4, "frames": 66,
+                "recompiles": 0}
+
+    found = gates.compile_problems([row(False, "equal", 5), row(True, "crash", None),
+                                    row(False, "equal", 5, "compile/llama/eager"),
+                                    row(True, "equal", 7, "compile/llama/eager")])
+    assert any("compile/whisper/eager" in p and "with hotfix crash" in p for p in found), found
+    assert any("compile/llama/eager" in p and "graphs 5 -> 7" in p for p in found), found
+    assert gates.compile_problems([row(False, "equal", 5), row(True, "equal", 5)]) == []
+
+
 def test_every_cell_broken_with_hotfix_says_why():
-    """A cell that stays broken with hotfix is published with its reason (tools/census/cells.py), never bare."""
-    broken = {(r["case"], r["release"]) for r in _rows() if r["hotfix"] and r["verdict"] in render.BROKEN}
+    """A cell that stays broken with hotfix is published with its reason, never bare: tools/census/cells.py's, or
+    its mechanism's ``Lost`` declaration there (what ``hotfix status`` says NOT COVERED with)."""
+    fixes = gates.builtin_fixes()
+    broken = {(r["case"], r["release"]) for r in _rows() if r["hotfix"] and r["verdict"] in render.BROKEN
+              and not gates.lost_reason(r["mechanism"], r["dimension"], r["release"], fixes)}
     assert sorted(broken - set(cells.BROKEN_WITH_HOTFIX)) == []
 
 
@@ -101,3 +158,57 @@ def test_a_broken_release_the_fix_declares_unreached_is_not_a_disagreement():
 
     assert gates.problems(rows, [Declared()]) == []
     assert any("4.34.1" in p and "outside the declared range" in p for p in gates.problems(rows, [Silent()]))
+
+
+#: torch release -> the lines (their last patch release) the census bisected there (tools/census/census.py
+#: --bisect), and on which cells.  Not bisected yet: every other line (the page lists them as "not checked yet").
+#: (4.52, 4.53 and 4.56 have their first patch release in the census itself: every cell compared there.)
+BISECTED = {torch: {"5.5.4": ("gemma3n_text+cache/full", "gemma4+kv_shared_cache/full"),
+                    "4.53.3": ("gemma3n_text+cache/full", "gemma3n_text/full")} for torch in ("2.13.0", "2.14.1")}
+
+
+def test_every_bisected_line_is_measured_where_its_first_and_last_patch_release_disagree():
+    """Patch releases at boundaries (issue 34): each line bisected has its first patch release measured on the
+    cells asked, and each cell where it and the last disagree measured on every release between them
+    (boundaries.plan: nothing left)."""
+    rows = _rows()
+    for torch, bisected in BISECTED.items():
+        checked = {line.releases[-1]: line for line in boundaries.lines(rows, torch) if line.measured}
+        for last, cases in bisected.items():
+            assert last in checked and set(cases) <= set(checked[last].compared), (torch, last, checked.get(last))
+        assert boundaries.plan(rows, torch) == {}, torch
+
+
+def test_the_bisect_measures_the_cells_where_a_line_changes_and_only_there():
+    def row(release, case, hotfix, verdict):
+        return {"dimension": "transformers", "torch": "2.13.0", "release": release, "function": "torch",
+                "case": case, "hotfix": hotfix, "verdict": verdict}
+
+    rows = [row(release, "a/full", hotfix, "equal") for release in ("5.5.0", "5.5.4") for hotfix in (False, True)]
+    rows += [row("5.5.0", "b/full", False, "equal"), row("5.5.0", "b/full", True, "equal"),
+             row("5.5.4", "b/full", False, "wrong"), row("5.5.4", "b/full", True, "equal")]
+    assert boundaries.plan(rows, "2.13.0") == {v: ["b/full"] for v in ("5.5.1", "5.5.2", "5.5.3")}
+    rows += [row(v, "b/full", h, "equal") for v in ("5.5.1", "5.5.2", "5.5.3") for h in (False, True)]
+    assert boundaries.plan(rows, "2.13.0") == {}
+    assert "5.5.0" in boundaries.firsts() and "5.5.4" not in boundaries.firsts()
+
+
+def test_a_release_broken_with_hotfix_must_be_declared_lost_and_a_lost_one_measured_broken():
+    """The gate on ``Mechanism.lost``: broken with hotfix inside the range without a Lost declaration (hotfix status
+    would say APPLIED and nothing more) is a disagreement; so is a Lost release measured fine with hotfix."""
+    from hotfix.patch import Lost, Mechanism
+
+    def row(release, hotfix, verdict):
+        return {"dimension": "transformers", "torch": "2.13.0", "mechanism": "m", "release": release,
+                "hotfix": hotfix, "verdict": verdict}
+
+    rows = [row("5.5.1", False, "wrong"), row("5.5.1", True, "wrong"),
+            row("5.5.2", False, "wrong"), row("5.5.2", True, "equal")]
+
+    def fix(lost):
+        return type("Fix", (), {"mechanisms": (Mechanism("m", {"transformers": ">=5.0.0"}, lost=lost),)})()
+
+    assert gates.problems(rows, [fix((Lost({"transformers": ">=5.5.0,<5.5.2"}, "why"),))]) == []
+    assert any("5.5.1" in p and "does not declare it lost" in p for p in gates.problems(rows, [fix(())]))
+    found = gates.problems(rows, [fix((Lost({"transformers": ">=5.5.0,<5.5.3"}, "why"),))])
+    assert any("5.5.2" in p and "declared lost upstream, but measured fine with hotfix" in p for p in found), found

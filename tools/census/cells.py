@@ -4,7 +4,9 @@ A transformers cell is a model type (``+variant`` as in tools/sweep/sweep_famili
 (tools/sweep/sweep_recipes.py), or a case of tools/lab/grad_case.py (``lab/<case>``: what no built-in
 model shows, e.g. a third-party GradientCheckpointingLayer); its verdict is the reentrant mode's,
 compared with the step without checkpointing by hotfix's own rule.  An unsloth-zoo cell is a case of
-tools/lab/zoo_cases.py.
+tools/lab/zoo_cases.py.  A compile cell (``compile/<model>/<backend>``) is tools/lab/compile_case.py: a
+checkpointed model under ``torch.compile``, its verdict and dynamo's counts (graphs, breaks, frames,
+recompiles), which must be the same with hotfix as without.
 Verdicts: equal | wrong | crash | guard (memory/time guard) | late (step 1 offloads nothing) | n/a
 (absent, not applicable, no checkpointing) | error (the cell could not be built or run; measured again
 on the next run).
@@ -22,7 +24,9 @@ CELLS: List[Tuple[str, str, str]] = [
     ("layoutlm", "full", "keyword-tensors"),
     ("pvt_v2", "full", "nested-outputs"),
     ("gemma3n_text", "full", "shared-mapping"),
+    ("gemma3n_text+cache", "full", "shared-mapping"),  # use_cache on: where the Cache carries the sharing
     ("gemma4+kv_shared", "full", "shared-mapping"),
+    ("gemma4+kv_shared_cache", "full", "shared-mapping"),  # ... Gemma-4 5.5.0 - 5.5.1 (transformers#45242)
     ("diffusion_gemma", "full", "cache-contents"),
     ("lilt", "full", "unused-outputs"),
     ("whisper", "lora", "frozen-layer-inputs"),  # LoRA without enable_input_require_grads()
@@ -30,6 +34,12 @@ CELLS: List[Tuple[str, str, str]] = [
     ("git", "lora-input-grads", "in-place-on-leaf"),
     ("swin", "lora-input-grads", "tuple-embeddings"),
 ]
+
+#: cells measured on the transformers releases, not on each torch line: the state they probe (a Cache the layers
+#: share keys/values through) is dropped by transformers' own GradientCheckpointingLayer (past_key_values=None)
+#: before any checkpoint function runs, whatever the torch; at the torch lines' release the cells without the Cache
+#: measure the same mechanism
+RELEASE_ONLY = ("gemma3n_text+cache/full", "gemma4+kv_shared_cache/full")
 
 #: (grad_case.py case, mechanism): full fine-tuning of tools/lab/tiny_models.py's builders
 LAB_CELLS: List[Tuple[str, str]] = [
@@ -47,6 +57,16 @@ ZOO_CASES: List[Tuple[str, str]] = [
     ("offload", "late-offload"),
 ]
 
+#: (model, backend) of tools/lab/compile_case.py: the compile column, one per torch line
+COMPILE_CASES: List[Tuple[str, str]] = [
+    ("whisper", "eager"),  # dynamo alone (the torch 2.11 crash: tests/versions/test_torch_lines.py)
+    ("llama", "eager"),
+    ("whisper", "inductor"),  # the default backend: AOT autograd and generated code
+    ("llama", "inductor"),
+]
+#: dynamo's counts a compile row keeps: hotfix on must equal hotfix off
+COMPILE_COUNTS = ("graphs", "breaks", "frames", "recompiles")
+
 #: (case, release) -> why a cell stays broken with hotfix: each such row of docs/versions.md says it
 #: (tests/versions/test_version_gates.py fails on one without)
 BROKEN_WITH_HOTFIX = {
@@ -55,6 +75,20 @@ BROKEN_WITH_HOTFIX = {
         "5.11's GradientCheckpointingLayer sets past_key_values=None under checkpointing, so DiffusionGemma's "
         "decoder runs without the encoder's KV cache: another forward than without checkpointing. 5.12-5.14 "
         "turned checkpointing off for the model; 5.15 keeps the cache",
+}
+
+#: compile cells through unsloth's function that crash upstream and with hotfix alike (same error): not hotfix's
+_UNSLOTH_COMPILE = ("upstream too (the same error without hotfix): unsloth-zoo's checkpoint function under "
+                    "torch.compile on torch >= 2.12 passes checkpoint options dynamo accepts only with "
+                    "use_reentrant=False")
+BROKEN_WITH_HOTFIX.update({(f"compile/{model}/{backend}", "5.23.0"): _UNSLOTH_COMPILE for model, backend in COMPILE_CASES})
+
+#: torch line -> why hotfix changes dynamo's counts there (an open defect, gradients equal): the page lists it,
+#: tests/versions/test_version_gates.py fails on any other difference
+COMPILE_DIFFERS_WITH_HOTFIX = {
+    "2.4.1": "dynamo 2.4 guards the checkpoint function by reading the attribute in eager code, where the slot "
+             "hands out hotfix's wrapper, while it traced the raw function, so it compiles the reading frame again "
+             "(Llama: one recompile in step 2; Whisper: two more frames in step 1); gradients equal",
 }
 
 #: verdicts measured again by the next run (the cell never produced a measurement)
@@ -67,6 +101,7 @@ ROUNDING_SIZED = 1e-3
 MECHANISM = {f"{model}/{recipe}": mechanism for model, recipe, mechanism in CELLS}
 MECHANISM.update({f"lab/{case}": mechanism for case, mechanism in LAB_CELLS})
 MECHANISM.update({f"zoo/{case}": mechanism for case, mechanism in ZOO_CASES})
+MECHANISM.update({f"compile/{model}/{backend}": "torch-compile" for model, backend in COMPILE_CASES})
 
 
 def by_recipe(only=()) -> Dict[str, List[str]]:
@@ -153,3 +188,19 @@ def zoo_row(case: str, result: Dict, zoo: str, transformers: str, hotfix: bool) 
     verdict = {"equal": "equal", "differs": "wrong", "crash": "crash"}.get(status, "error")
     detail = result.get("error") or result.get("summary") or ""
     return _row("unsloth-zoo", zoo, "unsloth", f"zoo/{case}", hotfix, verdict, detail, transformers=transformers)
+
+
+def compile_row(model: str, backend: str, result: Dict, version: str, hotfix: bool, function: str) -> Dict:
+    """A compile_case.py result as a census row, with dynamo's counts."""
+    verdict = {"equal": "equal", "differs": "wrong", "crash": "crash", "n/a": "n/a"}.get(result.get("status"), "error")
+    if verdict == "wrong":
+        detail = f"missing {result.get('missing')}, max relative error {result.get('max_rel', 0):.2g}"
+    else:
+        detail = result.get("error") or ""
+    counts = {key: result[key] for key in COMPILE_COUNTS if key in result}
+    return _row("compile", version, function, f"compile/{model}/{backend}", hotfix, verdict, detail, **counts)
+
+
+def unsupported_row(case: str, version: str, hotfix: bool, function: str, why: str, dimension: str = "transformers") -> Dict:
+    """n/a: the checkpoint function cannot run under this torch (unsloth-zoo does not load there)."""
+    return _row(dimension, version, function, case, hotfix, "n/a", why)

@@ -4,8 +4,10 @@
     python tools/census/census.py --jobs 2                    # every dimension: installs, runs, renders
     python tools/census/census.py --dimension transformers    # or unsloth-zoo
     python tools/census/census.py --render-only               # docs/versions.md from docs/census/
-    .venv-torch214/bin/python tools/census/census.py --dimension transformers --releases 4.56.2,5.23.0
+    .matrix/torch-2.14.1/bin/python tools/census/census.py --dimension transformers --releases 4.56.2,5.23.0
                                                               # the same cells under another torch
+    python tools/census/census.py --torch lines --cells whisper/full,compile/whisper/eager --drop-venv
+                                                              # torch lines 2.4 - 2.15 (venvs made here)
 
 Dimensions (releases: tools/census/releases.py):
 * transformers: the last patch of every minor line 4.35 - 5.23 and the first release of each line
@@ -21,6 +23,23 @@ Dimensions (releases: tools/census/releases.py):
 * unsloth-zoo: every release from 2024.11.6 with the transformers line it was made for, through
   tools/lab/zoo_cases.py (upstream, then hotfix activated in the same process): closure tensors,
   a frozen first input, whether step 1 offloads.
+* torch lines (``--torch 2.4.1,2.6.0,...`` or ``--torch lines``: every line of releases.torch_lines()):
+  each torch release gets a venv of its own, .matrix/torch-<version> (PyPI's CUDA build: it runs on the
+  CPU; torch, wrapt, packaging, psutil, numpy, peft, accelerate and hotfix from a wheel of this
+  checkout), and the census re-runs itself there with ``--dimension torch-line``: every transformers
+  and lab cell on releases.TORCH_LINE_RELEASE (or the release of that torch's time where it does not
+  import), through torch's function and, where unsloth-zoo loads under that torch, unsloth's; and the
+  compile column (``cells.COMPILE_CASES``: tools/lab/compile_case.py, Whisper and a Llama under
+  ``torch.compile`` with the eager and inductor backends, trained two steps, gradients against an
+  uncompiled step without checkpointing, dynamo's graph/break/frame/recompile counts, which
+  gates.compile_problems holds equal with and without hotfix).  The release
+  folders in .matrix/ (transformers, peft, unsloth-zoo) are shared by every torch venv.
+  Cost, measured 2026-11-25 on the 2-core CPU machine while other jobs shared it: a venv takes 3.5
+  minutes (idle network) to 18 minutes to install (download bound) and 5.0 - 7.2 GB of disk; one torch
+  line's 68 mechanism cells and 8 eager compile cells take about 40 minutes (``--jobs 1``; the eager
+  compile column alone 7 - 11 minutes); an inductor compile cell did not finish in 15 minutes there.
+  ``--torch lines`` (12 lines, eager column) is about 10 hours and 65 GB of disk, or about 7 GB at a
+  time with ``--drop-venv`` (each venv deleted once its rows are in).
 
 Rows (one per cell, compact) go to docs/census/<dimension>-torch<version>.jsonl.gz (tools/sweep/
 sweep_store.py: deterministic gzip; a run appends to .sweep/census.pending.jsonl and resumes from
@@ -32,6 +51,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -40,10 +60,13 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Dict, List, Optional
 
+from packaging.version import Version
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path[:0] = [str(HERE), str(REPO / "tools" / "sweep"), str(REPO / "tools" / "lab")]
 
+import boundaries  # noqa: E402
 import cells  # noqa: E402
 import releases  # noqa: E402
 import sweep_store  # noqa: E402
@@ -86,6 +109,100 @@ def _pip_install(name: str, version: str, folder: Path) -> None:
     if proc.returncode != 0:
         raise RuntimeError(f"pip install {spec} failed: {proc.stderr.strip().splitlines()[-1:]}")
     (folder / ".complete").touch()
+
+
+def torch_venv(version: str, wheel: Optional[str] = None) -> Path:
+    """.matrix/torch-<version>: a venv with that torch (PyPI's build), once, and hotfix from ``wheel`` (default: a
+    wheel of this checkout, built when the venv is made).  scripts/test.sh installs the tests' side torch here."""
+    import shutil
+    import tempfile
+
+    folder = MATRIX / f"torch-{version}"
+    python = folder / "bin" / "python"
+    pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    fresh = not (folder / ".complete").exists()
+    if fresh:
+        shutil.rmtree(folder, ignore_errors=True)
+        print(f"census: installing torch=={version} into {folder}", flush=True)
+        subprocess.run([sys.executable, "-m", "venv", str(folder)], check=True)
+        # The machine's pip constraints may cap torch; this venv asks for one exact release.
+        env = dict(os.environ, PIP_CONSTRAINT="/dev/null")
+        subprocess.run([*pip, f"torch=={version}", *TORCH_VENV_PACKAGES], check=True, env=env)
+    if wheel:
+        subprocess.run([*pip, "--force-reinstall", "--no-deps", wheel], check=True)
+    elif fresh:
+        with tempfile.TemporaryDirectory() as wheels:
+            subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
+                            wheels, str(REPO)], check=True)
+            subprocess.run([*pip, "--no-deps", *map(str, Path(wheels).glob("*.whl"))], check=True)
+    if fresh:
+        subprocess.run([str(python), "-c", "import torch, wrapt, hotfix"], check=True)
+        (folder / ".complete").touch()
+    return python
+
+
+#: what a torch venv holds besides torch and hotfix (transformers comes from .matrix/ on PYTHONPATH)
+TORCH_VENV_PACKAGES = ("wrapt>=1.14", "packaging>=21", "psutil", "numpy", "peft==0.21.2", "accelerate")
+
+
+def run_torch_lines(versions: List[str], argv: List[str], drop: bool) -> None:
+    """The census under each torch release, in its venv (``--dimension torch-line``)."""
+    import shutil
+
+    for version in versions:
+        try:
+            python = torch_venv(version)
+        except subprocess.CalledProcessError as exc:
+            print(f"census: torch {version} could not be installed: {exc}", flush=True)
+            continue
+        subprocess.run([str(python), str(Path(__file__).resolve()), *argv, "--dimension", "torch-line"], check=False)
+        if drop:
+            shutil.rmtree(MATRIX / f"torch-{version}", ignore_errors=True)
+
+
+def _imports(version: str, extra: List[Path] = (), code: str = "import transformers.modeling_utils") -> Optional[str]:
+    """None if ``code`` runs with transformers ``version`` (and ``extra``) on PYTHONPATH, else its last line."""
+    from hotfix.diagnostics.children import child_env, last_line, run_python
+
+    env = child_env(False, keep_hotfix_settings=False, pythonpath=[MATRIX / f"transformers-{version}", *extra])
+    proc = run_python(["-c", code], env=env, cwd=Path("/tmp"), timeout=600)
+    return None if proc.returncode == 0 else last_line(proc)[:200]
+
+
+def torch_line_release() -> str:
+    """releases.TORCH_LINE_RELEASE, or the release of this torch's time where that does not import."""
+    install("transformers", releases.TORCH_LINE_RELEASE)
+    if _imports(releases.TORCH_LINE_RELEASE) is None:
+        return releases.TORCH_LINE_RELEASE
+    return releases.release_of_its_time(_torch())
+
+
+def unsloth_unsupported(version: str) -> Optional[str]:
+    """Why unsloth-zoo's function cannot run under this torch (None: it loads and swaps in)."""
+    import sweep_models
+
+    zoo = install("unsloth-zoo", sweep_models.UNSLOTH_ZOO)
+    why = _imports(version, [zoo, REPO / "tools" / "lab"],
+                   "import zoo_loader; zoo_loader.install_unsloth_swap(zoo_loader.load_release())")
+    return None if why is None else f"unsloth-zoo {sweep_models.UNSLOTH_ZOO} does not load under torch {_torch()}: {why}"
+
+
+def run_compile(version: str, hotfix: bool, function: str, done: set, sink, args) -> None:
+    """The compile column of one (release, hotfix on/off, function): tools/lab/compile_case.py, a child per case."""
+    from hotfix.diagnostics.children import child_env, json_lines, last_line, run_python
+    import sweep_models
+
+    paths = [*sweep_models.release_pythonpath(version, function), REPO / "tools" / "lab"]
+    env = child_env(hotfix, keep_hotfix_settings=False, pythonpath=paths, extra={"OMP_NUM_THREADS": "1"})
+    for model, backend in cells.COMPILE_CASES:
+        case = f"compile/{model}/{backend}"
+        if (case, hotfix) in done or (args.cells and case not in args.cells):
+            continue
+        proc = run_python([str(REPO / "tools" / "lab" / "compile_case.py"), "--model", model, "--backend", backend,
+                           "--function", function], env=env, cwd=Path("/tmp"), timeout=args.model_timeout)
+        found = json_lines(proc.stdout)
+        result = found[-1] if found else {"status": "error", "error": f"child exit {proc.returncode}: {last_line(proc)[:200]}"}
+        sink(cells.compile_row(model, backend, result, version, hotfix, function))
 
 
 def _torch() -> str:
@@ -178,12 +295,46 @@ def run_zoo(zoo: str, transformers: str, done: set, sink, args) -> None:
             sink(cells.zoo_row(case, result, zoo, transformers, hotfix))
 
 
+def _unsupported(version: str, hotfix: bool, function: str, why: str, sink, args) -> None:
+    """Every cell of a function that cannot run under this torch: n/a, with the reason."""
+    for model, recipe, _ in cells.CELLS:
+        if not args.cells or f"{model}/{recipe}" in args.cells:
+            sink(cells.unsupported_row(f"{model}/{recipe}", version, hotfix, function, why))
+    for case, _ in cells.LAB_CELLS:
+        if not args.cells or f"lab/{case}" in args.cells:
+            sink(cells.unsupported_row(f"lab/{case}", version, hotfix, function, why))
+    for model, backend in cells.COMPILE_CASES:
+        if not args.cells or f"compile/{model}/{backend}" in args.cells:
+            sink(cells.unsupported_row(f"compile/{model}/{backend}", version, hotfix, function, why, dimension="compile"))
+
+
+def _run_jobs(jobs: List, workers: int) -> None:
+    """Run ``jobs`` (emptied) on ``workers`` threads; one that fails is one line, the others go on."""
+    with ThreadPoolExecutor(max(1, workers)) as pool:
+        for future in [pool.submit(job) for job in jobs]:
+            try:
+                future.result()
+            except Exception as exc:  # one release failing to install or run must not stop the census
+                print(f"census: {exc!r}", flush=True)
+    jobs.clear()
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--dimension", choices=("transformers", "unsloth-zoo", "all"), default="all")
-    p.add_argument("--releases", default="", help="comma list: only these releases of the dimension")
+    p.add_argument("--dimension", choices=("transformers", "unsloth-zoo", "torch-line", "all"), default="all")
+    p.add_argument("--torch", default="", help="comma list of torch releases, or 'lines': the census under each "
+                                               "(--dimension torch-line in its own venv)")
+    p.add_argument("--install-torch", default="", help="only install .matrix/torch-<version> (scripts/test.sh)")
+    p.add_argument("--wheel", default=None, help="with --install-torch: the hotfix wheel to install there")
+    p.add_argument("--drop-venv", action="store_true", help="with --torch: delete each torch venv after its run")
+    p.add_argument("--releases", default="", help="comma list: only these releases of the dimension (with "
+                                                  "--dimension transformers also others; with --bisect: the "
+                                                  "lines of these releases)")
+    p.add_argument("--bisect", action="store_true", help="transformers patch releases at boundaries "
+                                                         "(tools/census/boundaries.py) instead of --dimension")
     p.add_argument("--functions", default="torch,unsloth")
-    p.add_argument("--cells", default="", help="comma list of model/recipe cells (default: every cell)")
+    p.add_argument("--cells", default="", help="comma list of cells: model/recipe, lab/case, compile/model/backend "
+                                               "(default: every cell)")
     p.add_argument("--jobs", type=int, default=1)
     p.add_argument("--results", default=str(STORE), help="store directory, or a .jsonl file (tests)")
     p.add_argument("--doc", default=str(DOC))
@@ -192,8 +343,19 @@ def main(argv=None) -> int:
     p.add_argument("--time-limit", type=float, default=60.0)
     p.add_argument("--model-timeout", type=float, default=600.0)
     args = p.parse_args(argv)
+    if args.install_torch:
+        torch_venv(args.install_torch, args.wheel)
+        return 0
     args.cells = set(filter(None, args.cells.split(",")))
     results = Path(args.results)
+    if args.torch and not args.render_only:
+        versions = releases.torch_lines() if args.torch == "lines" else args.torch.split(",")
+        passed = [a for a in (argv if argv is not None else sys.argv[1:])]
+        passed = [a for i, a in enumerate(passed) if not (a in ("--torch", "--dimension") or
+                  (i and passed[i - 1] in ("--torch", "--dimension")) or a.startswith(("--torch=", "--dimension="))
+                  or a == "--drop-venv")]
+        run_torch_lines(versions, passed, args.drop_venv)
+        args.render_only = True
     torch_version = _torch()
     if not args.render_only:
         rows = [json.loads(line) for line in sweep_store.read_lines(results)]
@@ -205,6 +367,8 @@ def main(argv=None) -> int:
 
         def sink(row):
             row.update(torch=torch_version, date=datetime.date.today().isoformat())
+            if args.dimension == "torch-line":
+                row["line"] = True  # a torch line's row (render: the torch lines table, not a release table)
             with lock:
                 with appended.open("a") as handle:
                     handle.write(json.dumps(row, sort_keys=True) + "\n")
@@ -216,30 +380,62 @@ def main(argv=None) -> int:
             return {tuple(k[4].split("/", 1)) for k in done
                     if k[:4] == ("transformers", release, torch_version, function) and k[5] == hotfix}
 
+        def release_jobs(version, cells_args=args):
+            """Every transformers and lab cell of ``version`` (``cells_args.cells``: only these), both halves."""
+            return [job for function in args.functions.split(",") for hotfix in (False, True) for job in (
+                lambda v=version, h=hotfix, f=function: run_transformers(v, h, f, cells_done(v, f, h), sink, cells_args),
+                lambda v=version, h=hotfix, f=function: run_lab(v, h, f, cells_done(v, f, h), sink, cells_args))]
+
         jobs = []
-        if args.dimension in ("transformers", "all"):
-            for version in releases.transformers_releases():
-                if only and version not in only:
-                    continue
+        if args.bisect:  # first: each line's first patch release (its last is the census's own)
+            for version in boundaries.firsts():
+                if not only or set(releases.line_of(version)) & only:
+                    jobs += release_jobs(version)
+        elif args.dimension in ("transformers", "all"):
+            # --releases may name a patch release the census does not take (a line's cells between its first
+            # and last patch release that the bisect does not ask for: they keep each declared window measured)
+            extra = [] if args.dimension != "transformers" else sorted(
+                only - set(releases.transformers_releases()), key=Version)
+            for version in releases.transformers_releases() + extra:
+                if not only or version in only:
+                    jobs += release_jobs(version)
+        if args.dimension == "torch-line":
+            version = torch_line_release()
+            line_args = SimpleNamespace(**{**vars(args), "cells": {c for c in args.cells or cells.MECHANISM
+                                                                   if c not in cells.RELEASE_ONLY}})
+            if not only or version in only:
+                unsupported = unsloth_unsupported(version) if "unsloth" in args.functions.split(",") else None
                 for function in args.functions.split(","):
                     for hotfix in (False, True):
+                        if function == "unsloth" and unsupported:
+                            jobs.append(lambda v=version, h=hotfix, f=function: _unsupported(
+                                v, h, f, unsupported, sink, line_args))
+                            continue
                         jobs.append(lambda v=version, h=hotfix, f=function: run_transformers(
-                            v, h, f, cells_done(v, f, h), sink, args))
+                            v, h, f, cells_done(v, f, h), sink, line_args))
                         jobs.append(lambda v=version, h=hotfix, f=function: run_lab(
-                            v, h, f, cells_done(v, f, h), sink, args))
-        if args.dimension in ("unsloth-zoo", "all"):
+                            v, h, f, cells_done(v, f, h), sink, line_args))
+                        jobs.append(lambda v=version, h=hotfix, f=function: run_compile(
+                            v, h, f, {(k[4], k[5]) for k in done if k[:4] == ("compile", v, torch_version, f)},
+                            sink, line_args))
+        if args.dimension in ("unsloth-zoo", "all") and not args.bisect:
             for zoo, transformers in releases.zoo_releases():
                 if only and zoo not in only:
                     continue
                 jobs.append(lambda z=zoo, t=transformers: run_zoo(
                     z, t, {(k[4], k[5]) for k in done if k[:4] == ("unsloth-zoo", z, torch_version, "unsloth")},
                     sink, args))
-        with ThreadPoolExecutor(max(1, args.jobs)) as pool:
-            for future in [pool.submit(job) for job in jobs]:
-                try:
-                    future.result()
-                except Exception as exc:  # one release failing to install or run must not stop the census
-                    print(f"census: {exc!r}", flush=True)
+        _run_jobs(jobs, args.jobs)
+        if args.bisect:  # then: where a line's first and last patch release disagree, the cells between
+            rows = [json.loads(line) for line in sweep_store.read_lines(results)]
+            for version, cases in boundaries.plan(rows, torch_version).items():
+                if not only or set(releases.line_of(version)) & only:
+                    wanted = {c for c in cases if not args.cells or c in args.cells}
+                    if not wanted:
+                        continue
+                    print(f"census: bisect: {version}: {', '.join(sorted(wanted))}", flush=True)
+                    jobs += release_jobs(version, SimpleNamespace(**{**vars(args), "cells": wanted}))
+            _run_jobs(jobs, args.jobs)
         sweep_store.compact(results, _key, _group)
     from render import render
 

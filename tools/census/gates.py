@@ -10,14 +10,19 @@ A declared range is equal to the evidence when:
 * every release measured fine upstream is outside the range, or measured fine with hotfix too (the
   fix is a proven no-op there);
 * where every measured release from some release on is fine after one broken before it (upstream
-  fixed the mechanism), the range ends there: none of those releases is inside it.
+  fixed the mechanism), the range ends there: none of those releases is inside it;
+* every release inside the range measured broken with hotfix is one the mechanism declares ``lost``
+  (``hotfix.patch.Lost``: upstream drops its state before the fix sees it; ``hotfix status`` says "NOT
+  COVERED" there), and every release it declares lost that was measured is broken with hotfix.
 
-``problems(rows, patches)`` lists every disagreement, one sentence each (tests/versions/test_version_gates.py).
+``problems(rows, patches)`` lists every disagreement, one sentence each (tests/versions/test_version_gates.py);
+the compile column declares no range: ``compile_problems(rows)`` lists every compile case where hotfix
+breaks what upstream runs, or changes dynamo's counts.
 """
 
 from __future__ import annotations
 
-from typing import Dict, Iterable, List, Tuple
+from typing import Dict, Iterable, List, Optional, Tuple
 
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
@@ -59,6 +64,8 @@ def problems(rows: Iterable[Dict], patches) -> List[str]:
     out: List[str] = []
     series: Dict[tuple, List[Tuple[Version, str, str]]] = {}
     for (dimension, torch, name, release), states in sorted(found.items()):
+        if dimension not in DISTRIBUTION:  # the compile column: compile_problems()
+            continue
         mechanism = declared.get(name)
         if mechanism is None:
             out.append(f"census rows name mechanism {name!r}, which no fix declares")
@@ -67,6 +74,13 @@ def problems(rows: Iterable[Dict], patches) -> List[str]:
             continue
         inside = _holds(mechanism.affected, dimension, release)
         upstream, fixed = states["upstream"], states["hotfix"]
+        lost = _lost_at(mechanism, dimension, release) is not None
+        if fixed == "broken" and inside and not lost:
+            out.append(f"{name}: {dimension} {release} (torch {torch}) is broken with hotfix, but the mechanism does "
+                       f"not declare it lost there (hotfix status would not say NOT COVERED)")
+        if lost and fixed == "fine":
+            out.append(f"{name}: {dimension} {release} (torch {torch}) is declared lost upstream, but measured fine "
+                       f"with hotfix")
         series.setdefault((dimension, torch, name), []).append((Version(release), release, upstream))
         if upstream == "broken" and not inside and not _holds(mechanism.unreached, dimension, release):
             out.append(f"{name}: {dimension} {release} (torch {torch}) is broken upstream but outside the declared "
@@ -86,4 +100,43 @@ def problems(rows: Iterable[Dict], patches) -> List[str]:
         if inside_after:
             out.append(f"{name}: fixed upstream from {dimension} {fixed_from} (torch {torch}; every measured release "
                        f"after is fine), but the range still holds {', '.join(inside_after)}")
+    return out
+
+
+def _lost_at(mechanism, dimension: str, release: str):
+    """The mechanism's ``Lost`` declaration that holds ``release`` of ``dimension``, or None."""
+    return next((lost for lost in mechanism.lost if _holds(lost.affected, dimension, release)), None)
+
+
+def lost_reason(mechanism_name: str, dimension: str, release: str, patches) -> Optional[str]:
+    """The reason of the mechanism's ``Lost`` declaration that holds ``release``, else None."""
+    mechanism = _declared(patches).get(mechanism_name)
+    lost = _lost_at(mechanism, dimension, release) if mechanism and dimension in DISTRIBUTION else None
+    return lost.reason if lost else None
+
+
+def compile_problems(rows: Iterable[Dict], known=None) -> List[str]:
+    """Compile cells where hotfix is worse than upstream: not equal where upstream is, or other dynamo counts
+    (except on the torch lines ``known`` lists: default cells.COMPILE_DIFFERS_WITH_HOTFIX, each with its reason)."""
+    from cells import COMPILE_COUNTS, COMPILE_DIFFERS_WITH_HOTFIX
+
+    known = COMPILE_DIFFERS_WITH_HOTFIX if known is None else known
+
+    pairs: Dict[tuple, Dict[bool, Dict]] = {}
+    for row in rows:
+        if row["dimension"] == "compile":
+            pairs.setdefault((row["torch"], row["release"], row["function"], row["case"]), {})[row["hotfix"]] = row
+    out = []
+    for (torch, release, function, case), pair in sorted(pairs.items()):
+        if len(pair) != 2:
+            out.append(f"{case}: torch {torch}, transformers {release}, {function}: measured with hotfix "
+                       f"{'on' if True in pair else 'off'} only")
+            continue
+        off, on = pair[False], pair[True]
+        if off["verdict"] == "equal" and on["verdict"] != "equal":
+            out.append(f"{case}: torch {torch}, transformers {release}, {function}: upstream equal, with hotfix "
+                       f"{on['verdict']} ({on['detail']})")
+        changed = [f"{key} {off.get(key)} -> {on.get(key)}" for key in COMPILE_COUNTS if off.get(key) != on.get(key)]
+        if changed and off["verdict"] != "n/a" and torch not in known:
+            out.append(f"{case}: torch {torch}, transformers {release}, {function}: hotfix changes {', '.join(changed)}")
     return out

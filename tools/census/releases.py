@@ -4,10 +4,16 @@
   release of each line where a declared range starts or ends inside that span (the bounds and
   ``fixed_in`` of the built-in fixes' ``mechanisms``, read from the installed hotfix) and 5.0.0
   (where 5.x changed ``enable_input_require_grads`` and the default ``use_reentrant``);
+* transformers patch releases at boundaries (``patch_lines``, tools/census/boundaries.py): every final
+  release of each line 4.35 - 5.23 that has several, for the bisect between its first and last;
 * unsloth-zoo: every release from 2024.11.6 (the first with ``UnslothCheckpointFunction``) to the
   latest, each paired with "the transformers line it was made for": the newest transformers minor
   line whose first release was uploaded before that unsloth-zoo release (what ``pip install -U``
   gave its users), measured at that line's last patch release.
+* torch: the last patch release of every minor line from 2.4 to 2.15 (``torch_lines``); under each,
+  the census measures transformers ``TORCH_LINE_RELEASE`` (the newest), or, where it does not import
+  with that torch, "the transformers release of that torch's time" (``release_of_its_time``: the
+  same pairing rule as unsloth-zoo's).
 
     python tools/census/releases.py --refresh     # re-read the upload dates from PyPI
 """
@@ -26,13 +32,16 @@ HERE = Path(__file__).resolve().parent
 CACHE = HERE / "pypi-releases.json"
 FIRST_LINE, LAST_LINE = (4, 35), (5, 23)
 FIRST_ZOO = "2024.11.6"
+FIRST_TORCH, LAST_TORCH = (2, 4), (2, 15)
+#: the transformers release measured under every torch line: the newest
+TORCH_LINE_RELEASE = "5.23.0"
 #: first releases measured besides the declared boundaries (see the module docstring)
 EXTRA_FIRSTS = ("5.0.0",)
 
 
 def refresh() -> None:
     dates = {}
-    for package in ("transformers", "unsloth_zoo"):
+    for package in ("transformers", "unsloth_zoo", "torch"):
         with urllib.request.urlopen(f"https://pypi.org/pypi/{package}/json", timeout=60) as answer:
             data = json.load(answer)
         dates[package] = {v: min(f["upload_time_iso_8601"] for f in files)
@@ -84,22 +93,56 @@ def transformers_releases() -> List[str]:
     return sorted(set(last.values()) | set(boundary_firsts()), key=Version)
 
 
+def line_of(version: str) -> List[str]:
+    """Every final transformers release of ``version``'s minor line, oldest first."""
+    line = Version(version).release[:2]
+    return sorted((v for v in _dates()["transformers"] if _final(v) and Version(v).release[:2] == line), key=Version)
+
+
+def patch_lines() -> List[List[str]]:
+    """Every final release of each transformers minor line of the span that has several, oldest first."""
+    firsts = {Version(v).release[:2]: v for v in _dates()["transformers"] if _final(v)}
+    found = [line_of(v) for line, v in sorted(firsts.items()) if FIRST_LINE <= line <= LAST_LINE]
+    return [patch_releases for patch_releases in found if len(patch_releases) > 1]
+
+
+def torch_lines() -> List[str]:
+    """The last patch release of every torch minor line from ``FIRST_TORCH`` to ``LAST_TORCH``, oldest first."""
+    last: Dict[Tuple[int, int], Version] = {}
+    for version in _dates()["torch"]:
+        parsed = Version(version)
+        line = parsed.release[:2]
+        if _final(version) and not parsed.local and FIRST_TORCH <= line <= LAST_TORCH:
+            last[line] = max(last.get(line, parsed), parsed)
+    return [str(last[line]) for line in sorted(last)]
+
+
+def _line_of_its_time(uploaded: str) -> str:
+    """The last measured patch of the newest transformers minor line whose first release precedes ``uploaded``."""
+    starts: Dict[Tuple[int, int], str] = {}
+    for version, when in _dates()["transformers"].items():
+        if _final(version):
+            line = Version(version).release[:2]
+            starts[line] = min(starts.get(line, when), when)
+    firsts = set(boundary_firsts())
+    measured = {Version(v).release[:2]: v for v in transformers_releases() if v not in firsts}
+    lines = [line for line in sorted(measured) if starts[line] <= uploaded]
+    return measured[lines[-1] if lines else min(measured)]
+
+
+def release_of_its_time(torch_version: str) -> str:
+    """The transformers release users had beside ``torch_version`` (paired as unsloth-zoo releases are)."""
+    return _line_of_its_time(_dates()["torch"][torch_version])
+
+
 def zoo_releases() -> List[Tuple[str, str]]:
     """``(unsloth-zoo release, transformers release)``, oldest first."""
     dates = _dates()
-    starts: Dict[Tuple[int, int], str] = {}  # minor line -> upload of its first release
-    for version, uploaded in dates["transformers"].items():
-        if _final(version):
-            line = Version(version).release[:2]
-            starts[line] = min(starts.get(line, uploaded), uploaded)
-    firsts = set(boundary_firsts())
-    measured = {Version(v).release[:2]: v for v in transformers_releases() if v not in firsts}
     pairs = []
     for zoo, uploaded in sorted(dates["unsloth_zoo"].items(), key=lambda item: Version(item[0])):
         if not _final(zoo) or Version(zoo) < Version(FIRST_ZOO):
             continue
-        lines = [line for line in sorted(measured) if starts[line] <= uploaded]
-        pairs.append((zoo, measured[lines[-1] if lines else min(measured)]))
+        pairs.append((zoo, _line_of_its_time(uploaded)))
     return pairs
 
 
@@ -108,3 +151,4 @@ if __name__ == "__main__":
         refresh()
     print("transformers:", " ".join(transformers_releases()))
     print("unsloth-zoo:", len(zoo_releases()), "releases;", zoo_releases()[0], "...", zoo_releases()[-1])
+    print("torch:", " ".join(f"{t} ({release_of_its_time(t)})" for t in torch_lines()))

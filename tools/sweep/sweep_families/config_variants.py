@@ -11,6 +11,13 @@ which counts model types):
 ``gemma4+kv_shared``       (5.x) the last layers reuse the keys/values of an earlier layer of the
                            same type (``num_kv_shared_layers``): the shared key/value tensors pass
                            from layer to layer outside the positional inputs.
+``gemma4+kv_shared_cache``  the same with the config's ``use_cache=True`` kept (what a model loaded from
+``gemma3n_text+cache``      the Hub trains with): the step without checkpointing builds a Cache, the
+                           checkpointed one cannot keep it (GradientCheckpointingLayer sets
+                           ``past_key_values=None``).  Where a release shares the keys/values through
+                           that Cache (Gemma-4 5.5.0 - 5.5.1, huggingface/transformers#45242; Gemma-3n
+                           before its ``shared_kv_states``), checkpointing loses the sharing; the other
+                           variants, like every sweep row, run with ``use_cache=False`` on both sides.
 """
 
 from __future__ import annotations
@@ -35,7 +42,18 @@ def _gemma4_kv_shared(config):
         text.vocab_size_per_layer_input = text.vocab_size
 
 
+def _keep_cache(config):
+    # shrink_config turned it off for every model; on, as in the released checkpoints' configs
+    (getattr(config, "text_config", None) or config).use_cache = True
+
+
+def _gemma4_kv_shared_cache(config):
+    _gemma4_kv_shared(config)
+    _keep_cache(config)
+
+
 VARIANTS = {
     "deberta-v2": {"layer_norm": _deberta_layer_norm},
-    "gemma4": {"kv_shared": _gemma4_kv_shared},
+    "gemma4": {"kv_shared": _gemma4_kv_shared, "kv_shared_cache": _gemma4_kv_shared_cache},
+    "gemma3n_text": {"cache": _keep_cache},
 }
