@@ -69,7 +69,8 @@ def test_version_gate_per_mechanism():
     yet) ``hotfix status --verbose`` decides each mechanism from its own range:
     keyword tensors (from 4.52.0), nested and unused outputs apply, so the fix
     is installed on GradientCheckpointingLayer; the shared mapping (from 4.53.0)
-    and the cache contents (from 4.56.0) are named but not marked ``[here]``.
+    and the cache contents (from 4.56.0) are named, with the releases they are lost on
+    upstream, but not marked ``[here]``.
     (A whole fix outside its range, "not needed here ... outside the affected
     range", is tested with unsloth-zoo 2026.10.9 in
     tests/versions/test_unsloth_zoo_fixes.py: every transformers fix starts at
@@ -97,7 +98,9 @@ def test_version_gate_per_mechanism():
     for here in ("keyword-tensors (transformers >=4.52.0)", f"nested-outputs (transformers >=4.35.0{older})",
                  f"unused-outputs (transformers >=4.35.0{older})"):
         assert f"[here] {here}" in out, out
-    for elsewhere in ("shared-mapping (transformers >=4.53.0)", "cache-contents (transformers >=4.56.0)"):
+    lost = "; lost upstream: transformers "  # what transformers drops before any checkpoint function (hotfix.Lost)
+    for elsewhere in (f"shared-mapping (transformers >=4.53.0{lost}>=5.0.0,<5.6.0{lost}>=5.5.0,<5.5.2)",
+                      f"cache-contents (transformers >=4.56.0{lost}>=5.11.0,<5.12.0)"):
         assert elsewhere in out and f"[here] {elsewhere}" not in out, out
     assert "keyword-tensors: transformers 4.52.4 is in the affected range >=4.52.0" in out
 
