@@ -77,19 +77,46 @@ BROKEN_WITH_HOTFIX = {
         "turned checkpointing off for the model; 5.15 keeps the cache",
 }
 
-#: compile cells through unsloth's function that crash upstream and with hotfix alike (same error): not hotfix's
+#: why hotfix changes dynamo's counts on a torch line, gradients equal (the page lists each; tests/versions/
+#: test_version_gates.py fails on any other difference): dynamo before 2.8 guards the checkpoint function by
+#: reading the attribute in eager code, where the slot hands out hotfix's wrapper, while it traced the raw function
+_EAGER_GUARD = ("dynamo {} guards the checkpoint function by reading the attribute in eager code, where the slot "
+                "hands out hotfix's wrapper, while it traced the raw function, so it compiles the reading frame "
+                "again ({}); gradients equal")
+COMPILE_DIFFERS_WITH_HOTFIX = {
+    "2.4.1": _EAGER_GUARD.format("2.4", "Llama: one recompile in step 2; Whisper: two more frames in step 1"),
+    "2.5.1": "not examined: the same kind of change as on 2.4.1, more compiled with hotfix (Llama: one more graph "
+             "and 16 more frames; Whisper: two more frames); gradients equal",
+}
+
+#: (torch line, checkpoint function) -> why the compile cells are broken with hotfix there.  OPEN DEFECT: hotfix
+#: breaks what upstream runs (tools/census/gates.py's compile_problems lists it unless named here; the issue
+#: tracker has it).  The others: upstream fails as well.
+_GUARD_CHECK = ("OPEN DEFECT: dynamo {} checks each new guard against the frame at once, and its type guard on "
+                "self._gradient_checkpointing_func fails there (\"AssertionError: Guard check failed\"). Suspected: "
+                "under compile the slot hands out the raw function, outside it hotfix's wrapper; handing out the "
+                "wrapper under compile too did not help (tried 2026-11-27){}")
 _UNSLOTH_COMPILE = ("upstream too (the same error without hotfix): unsloth-zoo's checkpoint function under "
                     "torch.compile on torch >= 2.12 passes checkpoint options dynamo accepts only with "
                     "use_reentrant=False")
-BROKEN_WITH_HOTFIX.update({(f"compile/{model}/{backend}", "5.23.0"): _UNSLOTH_COMPILE for model, backend in COMPILE_CASES})
-
-#: torch line -> why hotfix changes dynamo's counts there (an open defect, gradients equal): the page lists it,
-#: tests/versions/test_version_gates.py fails on any other difference
-COMPILE_DIFFERS_WITH_HOTFIX = {
-    "2.4.1": "dynamo 2.4 guards the checkpoint function by reading the attribute in eager code, where the slot "
-             "hands out hotfix's wrapper, while it traced the raw function, so it compiles the reading frame again "
-             "(Llama: one recompile in step 2; Whisper: two more frames in step 1); gradients equal",
+COMPILE_BROKEN_WITH_HOTFIX = {
+    **{("2.7.1", function): _GUARD_CHECK.format("2.7", "; upstream trains, gradients equal")
+       for function in ("torch", "unsloth")},
+    **{("2.6.0", function): _GUARD_CHECK.format("2.6", " (upstream crashes too, another error: \"NameError: name "
+                                                       "'torch' is not defined\")")
+       for function in ("torch", "unsloth")},
+    **{(torch, "unsloth"): _UNSLOTH_COMPILE for torch in ("2.12.1", "2.13.0", "2.14.1", "2.15.0")},
 }
+#: torch lines where hotfix breaks torch.compile that upstream runs: open defects, listed on the page
+COMPILE_OPEN_DEFECTS = ("2.7.1",)
+
+
+def broken_reason(row: Dict) -> Optional[str]:
+    """Why ``row``, broken with hotfix, is: BROKEN_WITH_HOTFIX's reason, or for a compile cell its torch line's."""
+    if row["dimension"] == "compile":
+        return COMPILE_BROKEN_WITH_HOTFIX.get((row["torch"], row["function"]))
+    return BROKEN_WITH_HOTFIX.get((row["case"], row["release"]))
+
 
 #: verdicts measured again by the next run (the cell never produced a measurement)
 RETRY = ("error",)

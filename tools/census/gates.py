@@ -115,12 +115,15 @@ def lost_reason(mechanism_name: str, dimension: str, release: str, patches) -> O
     return lost.reason if lost else None
 
 
-def compile_problems(rows: Iterable[Dict], known=None) -> List[str]:
+def compile_problems(rows: Iterable[Dict], known=None, open_defects=None) -> List[str]:
     """Compile cells where hotfix is worse than upstream: not equal where upstream is, or other dynamo counts
-    (except on the torch lines ``known`` lists: default cells.COMPILE_DIFFERS_WITH_HOTFIX, each with its reason)."""
-    from cells import COMPILE_COUNTS, COMPILE_DIFFERS_WITH_HOTFIX
+    (except on the torch lines ``known`` lists: default cells.COMPILE_DIFFERS_WITH_HOTFIX, each with its reason),
+    outside the torch lines ``open_defects`` names (default cells.COMPILE_OPEN_DEFECTS: hotfix breaks compile
+    there, an open defect the page lists with its reason)."""
+    from cells import COMPILE_COUNTS, COMPILE_DIFFERS_WITH_HOTFIX, COMPILE_OPEN_DEFECTS
 
     known = COMPILE_DIFFERS_WITH_HOTFIX if known is None else known
+    open_defects = COMPILE_OPEN_DEFECTS if open_defects is None else open_defects
 
     pairs: Dict[tuple, Dict[bool, Dict]] = {}
     for row in rows:
@@ -133,10 +136,12 @@ def compile_problems(rows: Iterable[Dict], known=None) -> List[str]:
                        f"{'on' if True in pair else 'off'} only")
             continue
         off, on = pair[False], pair[True]
+        if torch in open_defects:
+            continue
         if off["verdict"] == "equal" and on["verdict"] != "equal":
             out.append(f"{case}: torch {torch}, transformers {release}, {function}: upstream equal, with hotfix "
                        f"{on['verdict']} ({on['detail']})")
         changed = [f"{key} {off.get(key)} -> {on.get(key)}" for key in COMPILE_COUNTS if off.get(key) != on.get(key)]
-        if changed and off["verdict"] != "n/a" and torch not in known:
+        if changed and off["verdict"] not in ("n/a", "crash") and on["verdict"] != "crash" and torch not in known:
             out.append(f"{case}: torch {torch}, transformers {release}, {function}: hotfix changes {', '.join(changed)}")
     return out

@@ -128,10 +128,11 @@ def _line_release(rows: List[Dict], torch: str) -> str:
 
 
 def _counts_differ(rows: List[Dict]) -> List[str]:
-    """The compile cases whose dynamo counts differ between hotfix off and on (same torch, release, function)."""
+    """The compile cases whose dynamo counts differ between hotfix off and on (same torch, release, function), where
+    both trained (a crash has no counts: it is listed under "Broken with hotfix")."""
     pairs: Dict[tuple, Dict[bool, Dict]] = {}
     for r in rows:
-        if r["dimension"] == "compile" and r["verdict"] != "n/a":
+        if r["dimension"] == "compile" and r["verdict"] not in ("n/a", "crash"):
             pairs.setdefault((r["torch"], r["release"], r["function"], r["case"]), {})[r["hotfix"]] = r
     return [f"{case} ({function}, torch {torch})" for (torch, release, function, case), pair in sorted(pairs.items())
             if len(pair) == 2 and any(pair[False].get(k) != pair[True].get(k) for k in cells.COMPILE_COUNTS)]
@@ -182,6 +183,11 @@ def _torch_lines(rows: List[Dict]) -> List[str]:
     if differ:
         out += ["", "Dynamo's counts differ with hotfix (open defects):"]
         out += [f"- {d}: {cells.COMPILE_DIFFERS_WITH_HOTFIX.get(_torch_of(d), 'NOT EXPLAINED')}" for d in differ]
+    defects = [torch for torch in lines_ if torch in cells.COMPILE_OPEN_DEFECTS]
+    if defects:
+        out += ["", "hotfix breaks `torch.compile` where upstream trains (open defects; use `use_reentrant=False` or "
+                "another torch line there):"]
+        out += [f"- torch {torch}: {cells.COMPILE_BROKEN_WITH_HOTFIX[(torch, 'torch')]}" for torch in defects]
     return out + [""]
 
 
@@ -278,7 +284,7 @@ def render(rows: List[Dict], doc: Path) -> None:
     if not broken_with_hotfix:
         out.append("None.")
     for r in sorted(broken_with_hotfix, key=lambda r: (r["torch"], r["dimension"], Version(r["release"]), r["case"])):
-        why = cells.BROKEN_WITH_HOTFIX.get((r["case"], r["release"])) or _lost(r) or "NOT EXPLAINED"
+        why = cells.broken_reason(r) or _lost(r) or "NOT EXPLAINED"
         out.append(f"- {r['dimension']} {r['release']} (torch {r['torch']}, {r['function']}): {r['case']} "
                    f"[{r['mechanism']}]: {r['verdict']}: {r['detail']}. Why: {why}")
     errors = [r for r in rows if r["verdict"] == "error"]
