@@ -101,6 +101,7 @@ def _gates(rows: List[Dict]) -> List[str]:
            "| mechanism | fix | declared range | fixed in | measured broken upstream |", "|---|---|---|---|---|"]
     broken: Dict[str, List[str]] = {}
     verdicts = gates.verdicts(rows)
+    measured = {name for _, _, name, _ in verdicts}
     for (dimension, _torch, name, release), states in sorted(verdicts.items()):
         if states["upstream"] == "broken" and release not in broken.setdefault(name, []):
             broken[name].append(release)
@@ -113,7 +114,7 @@ def _gates(rows: List[Dict]) -> List[str]:
             found = sorted(broken.get(mechanism.name, []), key=Version)
             span = (f"{found[0]} – {found[-1]} ({len(found)} releases)" if len(found) > 1 else
                     (found[0] if found else "none"))
-            if not any(name == mechanism.name for _, _, name, _ in verdicts):
+            if mechanism.name not in measured:
                 span = f"not in these rows: {OTHER_EVIDENCE.get(fix.name, 'not measured')}"
             out.append(f"| {mechanism.name} | `{fix.name}` | {ranges} | {mechanism.fixed_in or '–'} | {span} |")
     return out + [""]
