@@ -13,17 +13,25 @@ slot's ``__get__``; there the function comes from the slot (the one function eve
 answers for holds, recorded as they store it), not from ``instance.__dict__``: torch 2.11's dynamo
 answers ``instance.__dict__[name]`` by reading the attribute ``name``, i.e. through this slot again,
 without end (RecursionError), and a record per module would make dynamo compile each layer apart.
+The slot is a ``property`` (its getter is that compiled read) because dynamo does not inline every
+descriptor's ``__get__``: torch <= 2.8 treats any other data descriptor as the value itself (it
+called the slot object and failed its own guard check, "Guard check failed: ___check_type_id(
+self._gradient_checkpointing_func"), while every torch line 2.4 - 2.15 traces a property's ``fget``.
 :class:`SlotCoverage` puts one fix's slot on the classes that hold a checkpoint function, after
 transformers' enablers set it (and on unpickling, and for models built before activation).
 """
 
 from __future__ import annotations
 
+import logging
+import sys
 import types
 import weakref
 from typing import Any, Callable, Iterator, Optional, Tuple
 
 import wrapt
+
+logger = logging.getLogger("hotfix")
 
 ATTRIBUTE = "_gradient_checkpointing_func"
 SETTER = "_set_gradient_checkpointing"
@@ -65,11 +73,72 @@ def _first_slot(cls: type) -> Optional["CheckpointFunctionSlot"]:
     return None
 
 
-class CheckpointFunctionSlot:
-    """Data descriptor for ``ATTRIBUTE`` on ``owner``: reads return the stored function wrapped."""
+def read_under_compile(slot: "CheckpointFunctionSlot", instance: Any) -> Any:
+    """What ``instance``'s checkpoint function reads as while dynamo traces: the raw function, not a wrapper."""
+    common = slot._common
+    if common is not None:
+        return common
+    # Modules holding different functions (two models with checkpointing enabled, a deep copy, or none
+    # recorded: a layer copied on its own, compiled before any eager step) read their own.  Not
+    # ``instance.__dict__``: the dynamo of torch < 2.13 answers that by reading the attribute, i.e. this
+    # getter again (RecursionError); this read costs it a graph break there instead.
+    # Unset reads as None, not AttributeError: a class attribute shows in dir(), and code that
+    # getattr()s everything dir() lists (dynamo's graph assembly does) must not fail on it.
+    return object.__getattribute__(instance, "__dict__").get(ATTRIBUTE)
+
+
+def hotfix_code() -> Iterator[types.CodeType]:
+    """The code of every function and method the loaded hotfix modules define (nested code included)."""
+    for name, module in list(sys.modules.items()):
+        if name != "hotfix" and not name.startswith("hotfix."):
+            continue
+        for value in list(vars(module).values()):
+            if getattr(value, "__module__", None) != name:
+                continue
+            members = list(vars(value).values()) if isinstance(value, type) else [value]
+            for member in members:
+                if isinstance(member, (staticmethod, classmethod)):
+                    member = member.__func__
+                parts = [member.fget, member.fset, member.fdel] if isinstance(member, property) else [member]
+                for part in parts:
+                    if isinstance(part, types.FunctionType):
+                        yield from code_objects(part)
+
+
+def keep_dynamo_out_of_hotfix() -> None:
+    """Tell dynamo never to compile a frame of hotfix's code on its own.
+
+    Eager code that runs while a compiled model does (a frame dynamo skipped, the rest of one after a graph
+    break) reads the checkpoint function through the slot and calls hotfix's wrapper, and dynamo compiles
+    every Python frame it meets there: the slot's ``__get__`` compiled answered "compiling" and handed the
+    eager caller the raw function, without hotfix's repair, and the wrapper's helpers were compiled and
+    recompiled call after call (torch 2.5: 25 more graph breaks, 8 recompiles).  Upstream's checkpoint code
+    there is torch's own, which dynamo skips the same way.  Where dynamo traces a read itself it inlines
+    this code as before (``skip_code`` acts on frames dynamo is handed, not on what it inlines); the frames
+    hotfix's code calls (a layer's forward) are compiled as upstream.  ``skip_code`` is private; torch 2.4 -
+    2.15 have it."""
+    try:
+        from torch._dynamo.eval_frame import skip_code
+
+        for code in hotfix_code():
+            skip_code(code)
+    except Exception as exc:  # a torch without it: dynamo may compile hotfix's frames (a slower first step)
+        logger.info("hotfix: torch._dynamo.eval_frame.skip_code unavailable (%s): dynamo may compile "
+                    "hotfix's own frames", exc)
+
+
+class CheckpointFunctionSlot(property):
+    """Data descriptor for ``ATTRIBUTE`` on ``owner``: reads return the stored function wrapped.
+
+    A ``property`` only so that dynamo traces its ``fget`` (the read under compile); Python's own
+    lookup runs the ``__get__``/``__set__``/``__delete__`` below.
+    """
 
     def __init__(self, owner: type, wrapper: Callable, is_compiling: Callable[[], bool], rank: int,
                  displaced: Optional["CheckpointFunctionSlot"] = None) -> None:
+        slot = self
+        super().__init__(lambda instance: read_under_compile(slot, instance))
+        keep_dynamo_out_of_hotfix()  # torch is imported: the modules this slot serves are torch modules
         self.owner = owner
         self.wrapper = wrapper  # a wrapt wrapper function (wrapped, instance, args, kwargs)
         self.rank = rank
@@ -82,21 +151,19 @@ class CheckpointFunctionSlot:
         self._cache: tuple = (None, None, None)
         # module -> the function in its __dict__ (filled where a function is stored through this slot, by
         # SlotCoverage.cover for functions stored before the slot stood there, and by reads outside
-        # compile), and the one function they all hold (``self`` where they differ or none is known): what
-        # a read under torch.compile hands out (see the module docstring).
+        # compile), and the one function they all hold: what a read under torch.compile hands out (see the
+        # module docstring); None where they differ or none is known.  Not ``self`` for that: torch 2.7's
+        # dynamo reads an attribute holding a property by calling the property's getter (this read again).
         self._held: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
-        self._common: Any = self
+        self._common: Any = None
 
     def __get__(self, instance: Any, owner: Optional[type] = None) -> Any:
         if instance is None:
             return self
         if self._is_compiling():
-            # Unset reads as None, not AttributeError: a class attribute shows in dir(), and code that
-            # getattr()s everything dir() lists (dynamo's graph assembly does) must not fail on it.
-            # Modules holding different functions (or none recorded: a layer copied on its own, compiled
-            # before any eager step) fall back to __dict__, which the dynamo of torch >= 2.13 reads itself.
-            common = self._common
-            return instance.__dict__.get(ATTRIBUTE) if common is self else common
+            # Not self.fget(): the dynamo of torch 2.5 inlines this __get__ for some modules, and cannot read a
+            # property's fget there (AttributeError: a graph break, then hotfix's wrapper runs in eager code)
+            return read_under_compile(self, instance)
         raw = instance.__dict__.get(ATTRIBUTE)
         if raw is None:
             return raw
@@ -130,7 +197,7 @@ class CheckpointFunctionSlot:
                 return
             self._held[instance] = raw
         except TypeError:  # a module class that is not hashable: compiled reads fall back to __dict__
-            self._common = self
+            self._common = None
             return
         self._settle()
 
@@ -139,7 +206,7 @@ class CheckpointFunctionSlot:
             functions = {id(raw): raw for raw in self._held.values()}
         except RuntimeError:  # another thread changed the record meanwhile: compiled reads fall back to __dict__
             functions = {}
-        self._common = next(iter(functions.values())) if len(functions) == 1 else self
+        self._common = next(iter(functions.values())) if len(functions) == 1 else None
 
 
 def setter_drift(module: Any) -> Optional[str]:

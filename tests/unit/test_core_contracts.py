@@ -9,10 +9,12 @@ import collections
 import copy
 import functools
 import importlib
+import inspect
 import logging
 import pickle
 import sys
 import types
+from unittest import mock
 
 import pytest
 import torch
@@ -321,6 +323,36 @@ def test_slots_compose_by_rank_whichever_class_holds_them_and_the_instance_keeps
     finally:
         for owner in slots:
             delattr(owner, ATTRIBUTE)
+
+
+def _dynamo_reads(module, name):
+    """What dynamo makes of ``module.<name>`` (torch 2.4 - 2.8's UserDefinedObjectVariable.var_getattr): a
+    ``property`` found statically on the class is traced through its ``fget``; any other class attribute
+    found first by ``inspect.getattr_static`` (a data descriptor wins over the instance dict) is the value."""
+    found = inspect.getattr_static(module, name)
+    return found.fget(module) if isinstance(found, property) else found
+
+
+def test_dynamo_of_every_torch_line_reads_the_raw_function_through_the_slot():
+    """Before the slot was a property, dynamo 2.4 - 2.8 took the slot object for the checkpoint function and
+    failed its own guard check ("Guard check failed: ___check_type_id(self._gradient_checkpointing_func")."""
+    slot = CheckpointFunctionSlot(Layer, _tag("layer"), lambda: False, rank=10)
+    Layer._gradient_checkpointing_func = slot
+    try:
+        shared = functools.partial(max, 0)
+        first, second = Layer(), Layer()
+        first._gradient_checkpointing_func = second._gradient_checkpointing_func = shared
+        assert _dynamo_reads(first, ATTRIBUTE) is shared and _dynamo_reads(second, ATTRIBUTE) is shared
+        # Two models' layers hold two functions: each reads its own, without reading the attribute (dynamo
+        # before 2.13 answers that through the slot again: RecursionError).
+        other = functools.partial(min, 0)
+        second._gradient_checkpointing_func = other
+        with mock.patch.object(CheckpointFunctionSlot, "__get__", side_effect=AssertionError("read through the slot")):
+            assert _dynamo_reads(first, ATTRIBUTE) is shared and _dynamo_reads(second, ATTRIBUTE) is other
+            assert _dynamo_reads(Layer(), ATTRIBUTE) is None
+        assert getattr(first, ATTRIBUTE)(5) == ("layer", 5)  # eager reads: hotfix's wrapper
+    finally:
+        del Layer._gradient_checkpointing_func
 
 
 def test_a_slot_that_displaces_another_fixes_slot_keeps_it_working_and_gives_it_back():

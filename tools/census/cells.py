@@ -78,37 +78,34 @@ BROKEN_WITH_HOTFIX = {
 }
 
 #: why hotfix changes dynamo's counts on a torch line, gradients equal (the page lists each; tests/versions/
-#: test_version_gates.py fails on any other difference): dynamo before 2.8 guards the checkpoint function by
-#: reading the attribute in eager code, where the slot hands out hotfix's wrapper, while it traced the raw function
-_EAGER_GUARD = ("dynamo {} guards the checkpoint function by reading the attribute in eager code, where the slot "
-                "hands out hotfix's wrapper, while it traced the raw function, so it compiles the reading frame "
-                "again ({}); gradients equal")
-COMPILE_DIFFERS_WITH_HOTFIX = {
-    "2.4.1": _EAGER_GUARD.format("2.4", "Llama: one recompile in step 2; Whisper: two more frames in step 1"),
-    "2.5.1": "not examined: the same kind of change as on 2.4.1, more compiled with hotfix (Llama: one more graph "
-             "and 16 more frames; Whisper: two more frames); gradients equal",
+#: test_version_gates.py fails on any other difference)
+COMPILE_DIFFERS_WITH_HOTFIX: Dict[str, str] = {
+    "2.4.1": "Llama (transformers 4.44.2): one more graph and frame, one recompile in step 2 (Whisper equal). "
+             "Dynamo 2.4 guards the checkpoint function of a module it specializes by reading the attribute in "
+             "eager code, where the slot hands out hotfix's wrapper, while it traced the raw function: the frame "
+             "resumed after Llama's graph break is compiled once more; gradients equal",
 }
 
-#: (torch line, checkpoint function) -> why the compile cells are broken with hotfix there.  OPEN DEFECT: hotfix
-#: breaks what upstream runs (tools/census/gates.py's compile_problems lists it unless named here; the issue
-#: tracker has it).  The others: upstream fails as well.
-_GUARD_CHECK = ("OPEN DEFECT: dynamo {} checks each new guard against the frame at once, and its type guard on "
-                "self._gradient_checkpointing_func fails there (\"AssertionError: Guard check failed\"). Suspected: "
-                "under compile the slot hands out the raw function, outside it hotfix's wrapper; handing out the "
-                "wrapper under compile too did not help (tried 2026-11-27){}")
+#: (torch line, checkpoint function) -> why the compile cells are broken with hotfix there; each fails
+#: without hotfix the same way (tools/census/gates.py's compile_problems lists any line where hotfix breaks
+#: what upstream runs unless COMPILE_OPEN_DEFECTS names it)
 _UNSLOTH_COMPILE = ("upstream too (the same error without hotfix): unsloth-zoo's checkpoint function under "
-                    "torch.compile on torch >= 2.12 passes checkpoint options dynamo accepts only with "
-                    "use_reentrant=False")
+                    "torch.compile's eager backend on torch >= 2.12 passes checkpoint options dynamo accepts only "
+                    "with use_reentrant=False (the inductor backend trains where measured)")
+_TORCH_2_6 = ("upstream too (the same error without hotfix): torch.compile on torch 2.6 with transformers 5.23.0 "
+              "fails with \"NameError: name 'torch' is not defined\"")
+_TORCH_2_5_INDUCTOR = ("upstream too (the same gradients without hotfix): on torch 2.5.1 the inductor backend on the "
+                       "CPU gives other gradients than an uncompiled step (max relative error 0.26 Whisper, 0.75 "
+                       "Llama); the eager backend is equal")
 COMPILE_BROKEN_WITH_HOTFIX = {
-    **{("2.7.1", function): _GUARD_CHECK.format("2.7", "; upstream trains, gradients equal")
-       for function in ("torch", "unsloth")},
-    **{("2.6.0", function): _GUARD_CHECK.format("2.6", " (upstream crashes too, another error: \"NameError: name "
-                                                       "'torch' is not defined\")")
-       for function in ("torch", "unsloth")},
+    **{("2.5.1", function): _TORCH_2_5_INDUCTOR for function in ("torch", "unsloth")},
+    **{("2.6.0", function): _TORCH_2_6 for function in ("torch", "unsloth")},
     **{(torch, "unsloth"): _UNSLOTH_COMPILE for torch in ("2.12.1", "2.13.0", "2.14.1", "2.15.0")},
 }
-#: torch lines where hotfix breaks torch.compile that upstream runs: open defects, listed on the page
-COMPILE_OPEN_DEFECTS = ("2.7.1",)
+#: torch lines where hotfix breaks torch.compile that upstream runs: open defects, listed on the page.
+#: None since 2026-11-27: 2.6 / 2.7 failed dynamo's guard check with hotfix until the checkpoint slot
+#: became a property (patches/_checkpoint_slot.py; tests/versions/test_torch_lines.py runs 2.7.1)
+COMPILE_OPEN_DEFECTS: Tuple[str, ...] = ()
 
 
 def broken_reason(row: Dict) -> Optional[str]:

@@ -34,12 +34,11 @@ Dimensions (releases: tools/census/releases.py):
   uncompiled step without checkpointing, dynamo's graph/break/frame/recompile counts, which
   gates.compile_problems holds equal with and without hotfix).  The release
   folders in .matrix/ (transformers, peft, unsloth-zoo) are shared by every torch venv.
-  Cost, measured 2026-11-25 on the 2-core CPU machine while other jobs shared it: a venv takes 3.5
-  minutes (idle network) to 18 minutes to install (download bound) and 5.0 - 7.2 GB of disk; one torch
-  line's 68 mechanism cells and 8 eager compile cells take about 40 minutes (``--jobs 1``; the eager
-  compile column alone 7 - 11 minutes); an inductor compile cell did not finish in 15 minutes there.
-  ``--torch lines`` (12 lines, eager column) is about 10 hours and 65 GB of disk, or about 7 GB at a
-  time with ``--drop-venv`` (each venv deleted once its rows are in).
+  Cost, measured 2026-11-27 on the 2-core CPU machine (``--jobs 2``, a DDP census beside it): a venv takes
+  1.5 - 3 minutes to install and 4.5 - 7 GB of disk; one torch line's mechanism cells and eager compile
+  column 2 - 4 minutes; all twelve lines about 45 minutes, about 7 GB at a time with ``--drop-venv`` (each
+  venv deleted once its rows are in).  (2026-11-25, with other jobs sharing the machine: 40 minutes a
+  line.)  An inductor compile cell did not finish in 15 minutes (2026-11-25): not measured yet.
 
 Rows (one per cell, compact) go to docs/census/<dimension>-torch<version>.jsonl.gz (tools/sweep/
 sweep_store.py: deterministic gzip; a run appends to .sweep/census.pending.jsonl and resumes from
@@ -113,7 +112,8 @@ def _pip_install(name: str, version: str, folder: Path) -> None:
 
 def torch_venv(version: str, wheel: Optional[str] = None) -> Path:
     """.matrix/torch-<version>: a venv with that torch (PyPI's build), once, and hotfix from ``wheel`` (default: a
-    wheel of this checkout, built when the venv is made).  scripts/test.sh installs the tests' side torch here."""
+    wheel of this checkout, built now), every time: a venv made earlier must not measure an older hotfix.
+    scripts/test.sh installs the tests' side torch here."""
     import shutil
     import tempfile
 
@@ -128,13 +128,13 @@ def torch_venv(version: str, wheel: Optional[str] = None) -> Path:
         # The machine's pip constraints may cap torch; this venv asks for one exact release.
         env = dict(os.environ, PIP_CONSTRAINT="/dev/null")
         subprocess.run([*pip, f"torch=={version}", *TORCH_VENV_PACKAGES], check=True, env=env)
-    if wheel:
-        subprocess.run([*pip, "--force-reinstall", "--no-deps", wheel], check=True)
-    elif fresh:
-        with tempfile.TemporaryDirectory() as wheels:
+    with tempfile.TemporaryDirectory() as wheels:
+        if not wheel:
+            shutil.rmtree(REPO / "build", ignore_errors=True)  # setuptools would pack files deleted since into it
             subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
                             wheels, str(REPO)], check=True)
-            subprocess.run([*pip, "--no-deps", *map(str, Path(wheels).glob("*.whl"))], check=True)
+        built = [wheel] if wheel else [str(w) for w in Path(wheels).glob("*.whl")]
+        subprocess.run([*pip, "--force-reinstall", "--no-deps", *built], check=True)
     if fresh:
         subprocess.run([str(python), "-c", "import torch, wrapt, hotfix"], check=True)
         (folder / ".complete").touch()
@@ -335,6 +335,8 @@ def main(argv=None) -> int:
     p.add_argument("--functions", default="torch,unsloth")
     p.add_argument("--cells", default="", help="comma list of cells: model/recipe, lab/case, compile/model/backend "
                                                "(default: every cell)")
+    p.add_argument("--remeasure", action="store_true", help="run the chosen cells again even where rows exist "
+                                                           "(the newest row of a cell is the one kept)")
     p.add_argument("--jobs", type=int, default=1)
     p.add_argument("--results", default=str(STORE), help="store directory, or a .jsonl file (tests)")
     p.add_argument("--doc", default=str(DOC))
@@ -359,7 +361,7 @@ def main(argv=None) -> int:
     torch_version = _torch()
     if not args.render_only:
         rows = [json.loads(line) for line in sweep_store.read_lines(results)]
-        done = {_key(r) for r in rows if r["verdict"] not in cells.RETRY}
+        done = set() if args.remeasure else {_key(r) for r in rows if r["verdict"] not in cells.RETRY}
         appended = sweep_store.append_target(results)
         appended.parent.mkdir(parents=True, exist_ok=True)
         lock = threading.Lock()

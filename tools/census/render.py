@@ -76,8 +76,7 @@ OTHER_EVIDENCE = {
     "axolotl-offload-checkpoint": "[census/forks.md](census/forks.md), every release",
     "llamafactory-unsloth-gc": "[census/forks.md](census/forks.md), every release",
     "unsloth-zoo-nonreentrant-offload": "[census/zoo-nonreentrant.md](census/zoo-nonreentrant.md), every release",
-    "transformers-ddp-find-unused": "[its fix page](fixes/transformers-ddp-find-unused.md#evidence), six "
-                                    "transformers releases by hand (no census rows yet)",
+    "transformers-ddp-find-unused": "[census/ddp.md](census/ddp.md), every release, torch 2.13 and 2.14",
 }
 
 
@@ -158,8 +157,8 @@ def _torch_lines(rows: List[Dict]) -> List[str]:
            "(`tools/lab/compile_case.py`), eager and inductor backends, two training steps, every gradient against "
            "an uncompiled step without checkpointing, through torch's function / unsloth's; *counts*: dynamo's "
            "graphs, graph breaks, compiled frames and recompiles, hotfix on against off. The inductor backend "
-           "(`cells.COMPILE_CASES`) compiles C++ kernels with the host compiler: too slow for this 2-core machine's "
-           "census, it has a column once measured.", "",
+           "compiles C++ kernels with the host compiler (a cell 1 - 3 minutes on the 2-core CPU machine): measured "
+           "on the lines whose inductor cells have verdicts, not on the others yet.", "",
            "| torch | transformers | functions | " + " | ".join(TRANSFORMERS_MECHANISMS) + " | "
            + " | ".join(c.split("/", 1)[1] for c in compile_cases) + " | counts |",
            "|" + "---|" * (4 + len(TRANSFORMERS_MECHANISMS) + len(compile_cases))]

@@ -1,6 +1,7 @@
 """One checkpointed model under ``torch.compile``, trained a few steps; one JSON line.
 
     python tools/lab/compile_case.py --model whisper --backend eager [--function unsloth] [--device cuda]
+                                     [--second-model same|non-reentrant]
 
 The model (``whisper``: the doctor's tiny Whisper, keyword tensors into its decoder layers;
 ``whisper-qv``: the same with only q_proj/v_proj trainable; ``llama``: a tiny Llama, the layer shape of
@@ -133,6 +134,15 @@ def run(args) -> dict:
     model(**batch).loss.backward()
     reference = _grads(model)
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
+    # --second-model: another model of the type with checkpointing enabled, alive while this one trains (a
+    # policy beside a reference model, two runs in one notebook).  The layers of the two hold two checkpoint
+    # functions: ``same`` (reentrant too) binds the same options, which hotfix's slot hands dynamo as one;
+    # ``non-reentrant`` another, so each layer reads its own (patches/_checkpoint_slot.py)
+    second = BUILDERS[args.model](1)[0] if args.second_model else None
+    if second is not None:
+        second.gradient_checkpointing_enable(
+            gradient_checkpointing_kwargs={"use_reentrant": args.second_model == "same"})
+        out["second_model"] = args.second_model
     torch._dynamo.reset()
     counters.clear()
     compiled = torch.compile(model, backend=args.backend)
@@ -184,6 +194,9 @@ def main(argv=None) -> int:
     p.add_argument("--device", default="cpu")
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--rtol", type=float, default=1e-4)
+    p.add_argument("--second-model", choices=("same", "non-reentrant"), default=None,
+                   help="a second model of the type with checkpointing enabled (reentrant too, or not), alive "
+                        "while the first trains")
     p.add_argument("--traceback", action="store_true", help="print a crash's traceback on stderr")
     args = p.parse_args(argv)
     try:

@@ -75,6 +75,8 @@ def tiny_llama(seed=0, **sizes):
 
 
 def with_lora(model, seed=0, rank=4):
+    import torch.distributed.tensor  # noqa: F401  PEFT reads torch.distributed.tensor.DTensor without
+    # importing it; newer transformers lines import it first, 4.43 - 4.46 do not (AttributeError)
     from peft import LoraConfig, get_peft_model
 
     torch.manual_seed(seed + 1)

@@ -1,0 +1,65 @@
+"""The DDP census (tools/census/ddp.py, docs/census/ddp.md) against transformers-ddp-find-unused's declared range.
+
+Every census transformers release was measured under torch 2.13.0 and 2.14.1: one DDP rank with
+``find_unused_parameters=True``, LoRA and full fine-tuning, torch's and unsloth-zoo's reentrant
+checkpoint, without and with hotfix.  The gate: inside the declared range upstream fails with
+"Expected to mark a variable ready only once" and with hotfix every gradient equals DDP without
+checkpointing; outside it no release shows the defect; with hotfix never worse than upstream.
+The cases themselves run in tests/e2e/test_ddp_find_unused.py (two ranks) and
+tests/unit/test_ddp_find_unused_calls.py.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from conftest import TOOLS
+
+sys.path[:0] = [str(TOOLS / "census"), str(TOOLS / "sweep"), str(TOOLS / "lab")]
+
+import ddp  # noqa: E402
+import releases  # noqa: E402
+import sweep_store  # noqa: E402
+
+from hotfix.patches.transformers_ddp_find_unused import patch  # noqa: E402
+
+TORCH = "2.13.0"  # the synthetic rows' torch
+
+
+def _rows():
+    return [json.loads(line) for line in sweep_store.read_lines(ddp.STORE)]
+
+
+@pytest.mark.parametrize("torch", ["2.13.0", "2.14.1"])
+def test_every_census_release_has_every_ddp_cell(torch):
+    rows = _rows()
+    measured = {(r["release"], r["function"], r["case"], r["hotfix"]) for r in rows
+                if r["torch"] == torch and r["verdict"] != "error"}
+    missing = [(release, function, recipe, hotfix) for release in releases.transformers_releases()
+               for function, recipe in ddp.CASES for hotfix in (False, True)
+               if (release, function, recipe, hotfix) not in measured]
+    assert missing == [], (len(missing), missing[:5])
+
+
+def test_ddp_rows_hold_the_declared_range():
+    assert ddp.gate_problems(_rows(), patch) == []
+
+
+def test_the_ddp_gate_catches_a_wrong_range_and_a_fix_that_does_not_repair():
+    def row(release, hotfix, verdict, detail=""):
+        return {"dimension": "ddp", "release": release, "torch": TORCH, "function": "torch", "case": "lora",
+                "hotfix": hotfix, "verdict": verdict, "detail": detail}
+
+    defect = f"RuntimeError: {ddp.DEFECT}"
+    found = ddp.gate_problems([row("4.56.2", False, "crash", defect), row("4.56.2", True, "crash", defect),
+                               row("5.23.0", False, "equal", "8/8 gradients equal"),
+                               row("5.23.0", True, "equal", "8/8 gradients equal")], patch)
+    assert any("4.56.2" in p and "with hotfix: mark-ready twice" in p for p in found), found
+    assert any("5.23.0" in p and "inside the declared range but upstream: equal" in p for p in found), found
+
+
+def test_the_ddp_page_is_rendered_from_the_rows():
+    assert ddp.DOC.read_text() == "\n".join(ddp.section(_rows())).rstrip() + "\n"

@@ -1,0 +1,227 @@
+#!/usr/bin/env python3
+"""DDP with ``find_unused_parameters=True`` around reentrant checkpointing: every transformers release of the census.
+
+    python tools/census/ddp.py --jobs 2                       # install, measure, store, render
+    .matrix/torch-2.14.1/bin/python tools/census/ddp.py --releases 4.56.2,5.23.0   # another torch
+    python tools/census/ddp.py --render-only
+
+For every transformers release of the census (tools/census/releases.py), one DDP rank (gloo, loopback;
+DDP's unused-parameter search and its "ready" marks are local to a rank, so one rank shows the defect as
+two do: docs/fixes/transformers-ddp-find-unused.md) runs tools/lab/ddp_cases.py without hotfix
+(HOTFIX_DISABLE=1) and with it: a tiny Llama with PEFT LoRA on q_proj/v_proj and with every parameter
+training, through torch's reentrant checkpoint and unsloth-zoo's ``UnslothCheckpointFunction`` (the
+release tools/sweep/sweep_models.py names, loaded on CPU), every trainable parameter's gradient after
+DDP's all-reduce against DDP without checkpointing.  Below transformers 4.43 the LoRA cases run the
+older PEFT the sweep uses there.  About 8 s per release and half on the 2-core CPU machine.
+
+Rows: docs/census/ddp/torch<version>.jsonl.gz (tools/sweep/sweep_store.py; a folder of its own).  The
+page: docs/census/ddp.md.  ``gate_problems()`` holds the declared range of transformers-ddp-find-unused
+(mechanism ddp-hidden-parameters) against the rows (tests/versions/test_ddp_census.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import socket
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from typing import Dict, List, Optional
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+sys.path[:0] = [str(HERE), str(REPO / "tools" / "sweep"), str(REPO / "tools" / "lab")]
+
+from packaging.version import Version  # noqa: E402
+
+import releases  # noqa: E402
+import sweep_store  # noqa: E402
+
+STORE = REPO / "docs" / "census" / "ddp"
+DOC = REPO / "docs" / "census" / "ddp.md"
+DIMENSION = "ddp"
+FIX, MECHANISM = "transformers-ddp-find-unused", "ddp-hidden-parameters"
+#: (checkpoint function, recipe) -> tools/lab/ddp_cases.py's case name; unsloth's come last (its swap is process-wide)
+CASES = {("torch", "lora"): "lora", ("torch", "full"): "full",
+         ("unsloth", "lora"): "unsloth:lora", ("unsloth", "full"): "unsloth:full"}
+#: the upstream error of the mechanism (what the fix repairs)
+DEFECT = "Expected to mark a variable ready only once"
+
+
+def _key(row: Dict) -> tuple:
+    return (row["release"], row["torch"], row["function"], row["case"], row["hotfix"])
+
+
+def _group(row: Dict) -> str:
+    return f"torch{row['torch']}"
+
+
+def _torch() -> str:
+    import torch
+
+    return torch.__version__.split("+")[0]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def row_of(release: str, function: str, recipe: str, hotfix: bool, result: Optional[Dict], why: str = "") -> Dict:
+    """One case's result (ddp_cases.py) as a row: equal / wrong / crash / error."""
+    if result is None:
+        verdict, detail = "error", why
+    elif not result.get("ok"):
+        verdict, detail = "crash", result.get("error", "")
+    elif result.get("equal"):
+        verdict, detail = "equal", f"{result['trainable']}/{result['trainable']} gradients equal"
+    else:
+        verdict, detail = "wrong", result.get("summary", "")
+    return dict(dimension=DIMENSION, release=release, function=function, case=recipe, hotfix=hotfix,
+                verdict=verdict, detail=str(detail)[:300])
+
+
+def run_release(release: str, hotfix: bool, sink, timeout: float) -> None:
+    """One rank of tools/lab/ddp_cases.py on ``release``, every case, hotfix off or on."""
+    from census import install  # the census's side-by-side installs (.matrix/<name>-<version>)
+    from hotfix.diagnostics.children import child_env, last_line, run_python
+    import sweep_models
+
+    install("transformers", release)
+    peft = sweep_models.older_peft(release)
+    if peft:
+        install("peft", peft)
+    paths = [*sweep_models.release_pythonpath(release, "unsloth"), REPO / "tools" / "lab"]
+    extra = {"OMP_NUM_THREADS": "1", "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0",
+             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "GLOO_SOCKET_IFNAME": "lo"}
+    env = child_env(hotfix, keep_hotfix_settings=False, pythonpath=paths, extra=extra)
+    with tempfile.TemporaryDirectory() as out:
+        proc = run_python([str(REPO / "tools" / "lab" / "ddp_cases.py"), out, *CASES.values()],
+                          env=env, cwd=Path("/tmp"), timeout=timeout)
+        result_file = Path(out) / "rank0.json"
+        found = json.loads(result_file.read_text()) if result_file.exists() else None
+    for (function, recipe), case in CASES.items():
+        result = (found or {}).get("cases", {}).get(case)
+        sink(row_of(release, function, recipe, hotfix, result,
+                    "" if found else f"exit {proc.returncode}: {last_line(proc)[:200]}"))
+
+
+# -- the page ---------------------------------------------------------------------------------------
+def _word(row: Optional[Dict]) -> str:
+    if row is None:
+        return "not measured"
+    if row["verdict"] == "crash" and DEFECT in row["detail"]:
+        return "mark-ready twice"
+    if row["verdict"] in ("crash", "error"):
+        return f"{row['verdict']}: {row['detail'][:60]}"
+    if row["verdict"] == "equal":
+        return f"equal {row['detail'].split(' ')[0]}"
+    return row["verdict"]
+
+
+def section(all_rows: List[Dict]) -> List[str]:
+    """The page's lines: per torch line, a release per row, each case upstream -> with hotfix."""
+    rows = {_key(r): r for r in all_rows if r.get("dimension") == DIMENSION}
+    out = ["# DDP with find_unused_parameters=True, reentrant checkpointing: every transformers release", "",
+           "Rendered by tools/census/ddp.py from docs/census/ddp/ (one DDP rank, gloo, CPU; tools/lab/ddp_cases.py:",
+           "a tiny Llama, LoRA on q_proj/v_proj or every parameter training, each gradient after DDP's all-reduce",
+           "against DDP without checkpointing). Each cell: upstream -> with hotfix. \"mark-ready twice\": upstream's",
+           f"\"{DEFECT}\" ({FIX}, docs/fixes/{FIX}.md).", ""]
+    for torch in sorted({k[1] for k in rows}, key=Version):
+        dates = sorted({r.get("date", "") for k, r in rows.items() if k[1] == torch})
+        out += [f"## torch {torch} (measured {', '.join(d for d in dates if d)})", "",
+                "| transformers | torch LoRA | torch full | unsloth LoRA | unsloth full |", "|---|---|---|---|---|"]
+        for release in sorted({k[0] for k in rows if k[1] == torch}, key=Version):
+            cells = [f"{_word(rows.get((release, torch, f, r, False)))} -> {_word(rows.get((release, torch, f, r, True)))}"
+                     for f, r in CASES]
+            out.append(f"| {release} | " + " | ".join(cells) + " |")
+        out.append("")
+    return out
+
+
+def render(all_rows: List[Dict], doc: Path) -> None:
+    doc.write_text("\n".join(section(all_rows)).rstrip() + "\n")
+
+
+# -- the gate ---------------------------------------------------------------------------------------
+def gate_problems(all_rows: List[Dict], patch) -> List[str]:
+    """Where the fix's declared transformers range and the rows disagree.
+
+    Inside the range, upstream must show the defect (torch's function, LoRA and full: the evidence for the
+    range), and with hotfix every case must be equal; outside it, a release showing the defect upstream must
+    be in ``unreached``.  Anywhere: with hotfix never worse than upstream.
+    """
+    from packaging.specifiers import SpecifierSet
+
+    def holds(spec: Optional[str], release: str) -> bool:
+        return spec is not None and SpecifierSet(spec).contains(release, prereleases=True)
+
+    mechanism = next((m for m in patch.mechanisms if m.name == MECHANISM), None)
+    if mechanism is None:
+        return [f"{MECHANISM}: not declared by {patch.name}"]
+    rows = {_key(r): r for r in all_rows if r.get("dimension") == DIMENSION}
+    out = []
+    for (release, torch, function, recipe, hotfix), row in sorted(rows.items()):
+        if hotfix:
+            continue
+        where = f"{release} (torch {torch}, {function} {recipe})"
+        fixed = rows.get((release, torch, function, recipe, True))
+        inside = holds(mechanism.affected.get("transformers"), release)
+        broken = row["verdict"] == "crash" and DEFECT in row["detail"]
+        if function == "torch" and inside and not broken:
+            out.append(f"{where} is inside the declared range but upstream: {_word(row)}")
+        if broken and not (inside or holds(mechanism.unreached.get("transformers"), release)):
+            out.append(f"{where} shows the defect upstream but is outside the declared range")
+        if inside and (fixed is None or fixed["verdict"] != "equal") and row["verdict"] != "n/a":
+            out.append(f"{where} is inside the range but with hotfix: {_word(fixed)}")
+        if row["verdict"] == "equal" and (fixed is None or fixed["verdict"] != "equal"):
+            out.append(f"{where}: upstream equal, with hotfix {_word(fixed)}")
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--releases", default="", help="comma list: only these transformers releases")
+    p.add_argument("--remeasure", action="store_true", help="run the chosen releases again even where rows exist "
+                                                           "(the newest row of a cell is the one kept)")
+    p.add_argument("--jobs", type=int, default=1)
+    p.add_argument("--results", default=str(STORE), help="store directory, or a .jsonl file (tests)")
+    p.add_argument("--doc", default=str(DOC))
+    p.add_argument("--render-only", action="store_true")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds per release and half")
+    args = p.parse_args(argv)
+    results = Path(args.results)
+    if not args.render_only:
+        torch = _torch()
+        done = {(r["release"], r["hotfix"]) for r in map(json.loads, sweep_store.read_lines(results))
+                if r["torch"] == torch and r["verdict"] != "error" and not args.remeasure}
+        appended = sweep_store.append_target(results)
+        appended.parent.mkdir(parents=True, exist_ok=True)
+        lock = threading.Lock()
+        only = set(filter(None, args.releases.split(",")))
+
+        def sink(row: Dict) -> None:
+            row.update(torch=torch, date=datetime.date.today().isoformat())
+            with lock:
+                with appended.open("a") as handle:
+                    handle.write(json.dumps(row, sort_keys=True) + "\n")
+            print(f"[ddp {row['release']} {row['function']} {row['case']} hotfix {'on ' if row['hotfix'] else 'off'}] "
+                  f"{_word(row)}", flush=True)
+
+        from census import _run_jobs  # one release failing to install or run does not stop the others
+
+        _run_jobs([lambda r=release, h=hotfix: run_release(r, h, sink, args.timeout)
+                   for release in releases.transformers_releases() for hotfix in (False, True)
+                   if (not only or release in only) and (release, hotfix) not in done], args.jobs)
+        sweep_store.compact(results, _key, _group)
+    render([json.loads(line) for line in sweep_store.read_lines(results)], Path(args.doc))
+    print(f"ddp: {args.doc}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
