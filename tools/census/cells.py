@@ -80,7 +80,8 @@ BROKEN_WITH_HOTFIX = {
 #: why hotfix changes dynamo's counts on a torch line, gradients equal (the page lists each; tests/versions/
 #: test_version_gates.py fails on any other difference)
 COMPILE_DIFFERS_WITH_HOTFIX: Dict[str, str] = {
-    "2.4.1": "Llama (transformers 4.44.2): one more graph and frame, one recompile in step 2 (Whisper equal). "
+    "2.4.1": "Llama (transformers 4.44.2), eager and inductor backends: one more graph and frame, one recompile "
+             "in step 2 (Whisper equal). "
              "Dynamo 2.4 guards the checkpoint function of a module it specializes by reading the attribute in "
              "eager code, where the slot hands out hotfix's wrapper, while it traced the raw function: the frame "
              "resumed after Llama's graph break is compiled once more; gradients equal",

@@ -38,7 +38,8 @@ Dimensions (releases: tools/census/releases.py):
   1.5 - 3 minutes to install and 4.5 - 7 GB of disk; one torch line's mechanism cells and eager compile
   column 2 - 4 minutes; all twelve lines about 45 minutes, about 7 GB at a time with ``--drop-venv`` (each
   venv deleted once its rows are in).  (2026-11-25, with other jobs sharing the machine: 40 minutes a
-  line.)  An inductor compile cell did not finish in 15 minutes (2026-11-25): not measured yet.
+  line.)  The inductor compile column (``--cells compile/whisper/inductor,compile/llama/inductor``): a cell
+  1 - 3 minutes, a line about 4 minutes with ``--jobs 2`` (2026-11-27).
 
 Rows (one per cell, compact) go to docs/census/<dimension>-torch<version>.jsonl.gz (tools/sweep/
 sweep_store.py: deterministic gzip; a run appends to .sweep/census.pending.jsonl and resumes from
@@ -403,9 +404,15 @@ def main(argv=None) -> int:
                     jobs += release_jobs(version)
         if args.dimension == "torch-line":
             version = torch_line_release()
-            line_args = SimpleNamespace(**{**vars(args), "cells": {c for c in args.cells or cells.MECHANISM
-                                                                   if c not in cells.RELEASE_ONLY}})
-            if not only or version in only:
+            wanted = {c for c in args.cells or cells.MECHANISM if c not in cells.RELEASE_ONLY}
+            if any(r["dimension"] == "transformers" and r["release"] == version and r["torch"] == torch_version
+                   and not r.get("line") for r in rows):
+                # A census torch (2.13, 2.14): the release's own rows are this line's mechanism cells.  Rows of
+                # the line would replace them (same key) and empty the release's row on the page.
+                print(f"census: torch {torch_version} has {version}'s release rows: its compile cells only", flush=True)
+                wanted = {c for c in wanted if cells.MECHANISM.get(c) == "torch-compile"}
+            line_args = SimpleNamespace(**{**vars(args), "cells": wanted})
+            if wanted and (not only or version in only):  # (an empty set would mean every cell)
                 unsupported = unsloth_unsupported(version) if "unsloth" in args.functions.split(",") else None
                 for function in args.functions.split(","):
                     for hotfix in (False, True):

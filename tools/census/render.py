@@ -157,8 +157,7 @@ def _torch_lines(rows: List[Dict]) -> List[str]:
            "(`tools/lab/compile_case.py`), eager and inductor backends, two training steps, every gradient against "
            "an uncompiled step without checkpointing, through torch's function / unsloth's; *counts*: dynamo's "
            "graphs, graph breaks, compiled frames and recompiles, hotfix on against off. The inductor backend "
-           "compiles C++ kernels with the host compiler (a cell 1 - 3 minutes on the 2-core CPU machine): measured "
-           "on the lines whose inductor cells have verdicts, not on the others yet.", "",
+           "compiles C++ kernels with the host compiler (a cell 1 - 3 minutes on the 2-core CPU machine).", "",
            "| torch | transformers | functions | " + " | ".join(TRANSFORMERS_MECHANISMS) + " | "
            + " | ".join(c.split("/", 1)[1] for c in compile_cases) + " | counts |",
            "|" + "---|" * (4 + len(TRANSFORMERS_MECHANISMS) + len(compile_cases))]
