@@ -49,13 +49,9 @@ it).  Releases install side by side into .matrix/ (git-ignored), as scripts/test
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import os
 import subprocess
 import sys
-import threading
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Dict, List, Optional
@@ -70,10 +66,10 @@ import boundaries  # noqa: E402
 import cells  # noqa: E402
 import releases  # noqa: E402
 import sweep_store  # noqa: E402
+from runner import MATRIX, RowSink, install, read_rows, run_jobs, torch_release  # noqa: E402
 
 STORE = REPO / "docs" / "census"
 DOC = REPO / "docs" / "versions.md"
-MATRIX = REPO / ".matrix"
 
 
 def _group(row: Dict) -> str:
@@ -82,33 +78,6 @@ def _group(row: Dict) -> str:
 
 def _key(row: Dict) -> tuple:
     return (row["dimension"], row["release"], row["torch"], row["function"], row["case"], row["hotfix"])
-
-
-_INSTALLING = threading.Lock()  # jobs of one release run side by side: one installs, the other waits
-
-
-def install(name: str, version: str) -> Path:
-    """``name==version`` in .matrix/<name>-<version> (with its dependencies for transformers), once."""
-    folder = MATRIX / f"{name}-{version}"
-    with _INSTALLING:
-        if not (folder / ".complete").exists():
-            _pip_install(name, version, folder)
-    return folder
-
-
-def _pip_install(name: str, version: str, folder: Path) -> None:
-    if folder.exists():
-        import shutil
-
-        shutil.rmtree(folder)  # a half-finished install
-    spec = f"{name.replace('-', '_') if name == 'unsloth-zoo' else name}=={version}"
-    extra = ["--no-deps"] if name in ("unsloth-zoo", "peft") else []  # their needs are the test venv's
-    print(f"census: installing {spec}", flush=True)
-    proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", *extra,
-                           "--target", str(folder), spec], capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"pip install {spec} failed: {proc.stderr.strip().splitlines()[-1:]}")
-    (folder / ".complete").touch()
 
 
 def torch_venv(version: str, wheel: Optional[str] = None) -> Path:
@@ -175,7 +144,7 @@ def torch_line_release() -> str:
     install("transformers", releases.TORCH_LINE_RELEASE)
     if _imports(releases.TORCH_LINE_RELEASE) is None:
         return releases.TORCH_LINE_RELEASE
-    return releases.release_of_its_time(_torch())
+    return releases.release_of_its_time(torch_release())
 
 
 def unsloth_unsupported(version: str) -> Optional[str]:
@@ -185,7 +154,7 @@ def unsloth_unsupported(version: str) -> Optional[str]:
     zoo = install("unsloth-zoo", sweep_models.UNSLOTH_ZOO)
     why = _imports(version, [zoo, REPO / "tools" / "lab"],
                    "import zoo_loader; zoo_loader.install_unsloth_swap(zoo_loader.load_release())")
-    return None if why is None else f"unsloth-zoo {sweep_models.UNSLOTH_ZOO} does not load under torch {_torch()}: {why}"
+    return None if why is None else f"unsloth-zoo {sweep_models.UNSLOTH_ZOO} does not load under torch {torch_release()}: {why}"
 
 
 def run_compile(version: str, hotfix: bool, function: str, done: set, sink, args) -> None:
@@ -204,12 +173,6 @@ def run_compile(version: str, hotfix: bool, function: str, done: set, sink, args
         found = json_lines(proc.stdout)
         result = found[-1] if found else {"status": "error", "error": f"child exit {proc.returncode}: {last_line(proc)[:200]}"}
         sink(cells.compile_row(model, backend, result, version, hotfix, function))
-
-
-def _torch() -> str:
-    import torch
-
-    return torch.__version__.split("+")[0]
 
 
 def run_transformers(version: str, hotfix: bool, function: str, done: set, sink, args) -> None:
@@ -309,15 +272,9 @@ def _unsupported(version: str, hotfix: bool, function: str, why: str, sink, args
             sink(cells.unsupported_row(f"compile/{model}/{backend}", version, hotfix, function, why, dimension="compile"))
 
 
-def _run_jobs(jobs: List, workers: int) -> None:
-    """Run ``jobs`` (emptied) on ``workers`` threads; one that fails is one line, the others go on."""
-    with ThreadPoolExecutor(max(1, workers)) as pool:
-        for future in [pool.submit(job) for job in jobs]:
-            try:
-                future.result()
-            except Exception as exc:  # one release failing to install or run must not stop the census
-                print(f"census: {exc!r}", flush=True)
-    jobs.clear()
+def _describe(row: Dict) -> str:
+    return (f"[{row['dimension']} {row['release']} {row['function']} hotfix {'on ' if row['hotfix'] else 'off'}]"
+            f" {row['case']:<36} {row['verdict']} {row.get('detail', '')[:80]}")
 
 
 def main(argv=None) -> int:
@@ -359,24 +316,13 @@ def main(argv=None) -> int:
                   or a == "--drop-venv")]
         run_torch_lines(versions, passed, args.drop_venv)
         args.render_only = True
-    torch_version = _torch()
+    torch_version = torch_release()
     if not args.render_only:
-        rows = [json.loads(line) for line in sweep_store.read_lines(results)]
+        rows = read_rows(results)
         done = set() if args.remeasure else {_key(r) for r in rows if r["verdict"] not in cells.RETRY}
-        appended = sweep_store.append_target(results)
-        appended.parent.mkdir(parents=True, exist_ok=True)
-        lock = threading.Lock()
         only = set(filter(None, args.releases.split(",")))
-
-        def sink(row):
-            row.update(torch=torch_version, date=datetime.date.today().isoformat())
-            if args.dimension == "torch-line":
-                row["line"] = True  # a torch line's row (render: the torch lines table, not a release table)
-            with lock:
-                with appended.open("a") as handle:
-                    handle.write(json.dumps(row, sort_keys=True) + "\n")
-                print(f"[{row['dimension']} {row['release']} {row['function']} hotfix {'on ' if row['hotfix'] else 'off'}]"
-                      f" {row['case']:<36} {row['verdict']} {row.get('detail', '')[:80]}", flush=True)
+        # a torch line's rows say so (render: the torch lines table, not a release table)
+        sink = RowSink(results, torch_version, _describe, {"line": True} if args.dimension == "torch-line" else None)
 
         def cells_done(release, function, hotfix):
             """(model type, recipe) of the transformers cells already measured for this half."""
@@ -434,9 +380,9 @@ def main(argv=None) -> int:
                 jobs.append(lambda z=zoo, t=transformers: run_zoo(
                     z, t, {(k[4], k[5]) for k in done if k[:4] == ("unsloth-zoo", z, torch_version, "unsloth")},
                     sink, args))
-        _run_jobs(jobs, args.jobs)
+        run_jobs(jobs, args.jobs)
         if args.bisect:  # then: where a line's first and last patch release disagree, the cells between
-            rows = [json.loads(line) for line in sweep_store.read_lines(results)]
+            rows = read_rows(results)
             for version, cases in boundaries.plan(rows, torch_version).items():
                 if not only or set(releases.line_of(version)) & only:
                     wanted = {c for c in cases if not args.cells or c in args.cells}
@@ -444,11 +390,11 @@ def main(argv=None) -> int:
                         continue
                     print(f"census: bisect: {version}: {', '.join(sorted(wanted))}", flush=True)
                     jobs += release_jobs(version, SimpleNamespace(**{**vars(args), "cells": wanted}))
-            _run_jobs(jobs, args.jobs)
+            run_jobs(jobs, args.jobs)
         sweep_store.compact(results, _key, _group)
     from render import render
 
-    render([json.loads(line) for line in sweep_store.read_lines(results)], Path(args.doc))
+    render(read_rows(results), Path(args.doc))
     print(f"census: {args.doc}")
     return 0
 

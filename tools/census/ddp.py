@@ -22,12 +22,10 @@ page: docs/census/ddp.md.  ``gate_problems()`` holds the declared range of trans
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import socket
 import sys
 import tempfile
-import threading
 from pathlib import Path
 from typing import Dict, List, Optional
 
@@ -38,7 +36,8 @@ sys.path[:0] = [str(HERE), str(REPO / "tools" / "sweep"), str(REPO / "tools" / "
 from packaging.version import Version  # noqa: E402
 
 import releases  # noqa: E402
-import sweep_store  # noqa: E402
+import runner  # noqa: E402
+from runner import install  # noqa: E402
 
 STORE = REPO / "docs" / "census" / "ddp"
 DOC = REPO / "docs" / "census" / "ddp.md"
@@ -57,12 +56,6 @@ def _key(row: Dict) -> tuple:
 
 def _group(row: Dict) -> str:
     return f"torch{row['torch']}"
-
-
-def _torch() -> str:
-    import torch
-
-    return torch.__version__.split("+")[0]
 
 
 def _free_port() -> int:
@@ -87,7 +80,6 @@ def row_of(release: str, function: str, recipe: str, hotfix: bool, result: Optio
 
 def run_release(release: str, hotfix: bool, sink, timeout: float) -> None:
     """One rank of tools/lab/ddp_cases.py on ``release``, every case, hotfix off or on."""
-    from census import install  # the census's side-by-side installs (.matrix/<name>-<version>)
     from hotfix.diagnostics.children import child_env, last_line, run_python
     import sweep_models
 
@@ -183,44 +175,27 @@ def gate_problems(all_rows: List[Dict], patch) -> List[str]:
     return out
 
 
+def _describe(row: Dict) -> str:
+    return f"[ddp {row['release']} {row['function']} {row['case']} hotfix {'on ' if row['hotfix'] else 'off'}] {_word(row)}"
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--releases", default="", help="comma list: only these transformers releases")
     p.add_argument("--remeasure", action="store_true", help="run the chosen releases again even where rows exist "
                                                            "(the newest row of a cell is the one kept)")
-    p.add_argument("--jobs", type=int, default=1)
-    p.add_argument("--results", default=str(STORE), help="store directory, or a .jsonl file (tests)")
-    p.add_argument("--doc", default=str(DOC))
-    p.add_argument("--render-only", action="store_true")
-    p.add_argument("--timeout", type=float, default=300.0, help="seconds per release and half")
+    runner.add_store_arguments(p, STORE, DOC, 300.0, "seconds per release and half")
     args = p.parse_args(argv)
-    results = Path(args.results)
-    if not args.render_only:
-        torch = _torch()
-        done = {(r["release"], r["hotfix"]) for r in map(json.loads, sweep_store.read_lines(results))
-                if r["torch"] == torch and r["verdict"] != "error" and not args.remeasure}
-        appended = sweep_store.append_target(results)
-        appended.parent.mkdir(parents=True, exist_ok=True)
-        lock = threading.Lock()
-        only = set(filter(None, args.releases.split(",")))
+    only = set(filter(None, args.releases.split(",")))
 
-        def sink(row: Dict) -> None:
-            row.update(torch=torch, date=datetime.date.today().isoformat())
-            with lock:
-                with appended.open("a") as handle:
-                    handle.write(json.dumps(row, sort_keys=True) + "\n")
-            print(f"[ddp {row['release']} {row['function']} {row['case']} hotfix {'on ' if row['hotfix'] else 'off'}] "
-                  f"{_word(row)}", flush=True)
+    def jobs(torch: str, rows: List[Dict], sink) -> List:
+        done = set() if args.remeasure else {(r["release"], r["hotfix"]) for r in rows
+                                             if r["torch"] == torch and r["verdict"] != "error"}
+        return [lambda r=release, h=hotfix: run_release(r, h, sink, args.timeout)
+                for release in releases.transformers_releases() for hotfix in (False, True)
+                if (not only or release in only) and (release, hotfix) not in done]
 
-        from census import _run_jobs  # one release failing to install or run does not stop the others
-
-        _run_jobs([lambda r=release, h=hotfix: run_release(r, h, sink, args.timeout)
-                   for release in releases.transformers_releases() for hotfix in (False, True)
-                   if (not only or release in only) and (release, hotfix) not in done], args.jobs)
-        sweep_store.compact(results, _key, _group)
-    render([json.loads(line) for line in sweep_store.read_lines(results)], Path(args.doc))
-    print(f"ddp: {args.doc}")
-    return 0
+    return runner.measure_and_render(args, "ddp", jobs, _describe, _key, _group, render)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@
 Every release of ``llamafactory`` and ``axolotl`` on PyPI (``RELEASES``, read 2026-11-25: 11 and 24), each
 with a transformers release its pins allow (the nearest one in .matrix/ where its exact pin is not
 there; the rows say which), installed side by side into .matrix/ (``pip install --no-deps --target``;
-transformers as tools/census/census.py installs it).  For every checkpoint function the release has
+transformers with its dependencies: tools/census/runner.py).  For every checkpoint function the release has
 (``FUNCTIONS``; tools/lab/fork_loader.py turns it on as the fork does), one child runs
 tools/lab/fork_cases.py's cases without hotfix (HOTFIX_DISABLE=1), then with hotfix activated in the
 same process; a second child runs the plain case with hotfix on and the fork's own fix opted out
@@ -24,12 +24,8 @@ docs/census/forks.md.  ``gate_problems()`` holds each fork fix's declared ranges
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import subprocess
 import sys
-import threading
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
@@ -39,11 +35,11 @@ sys.path[:0] = [str(HERE), str(REPO / "tools" / "sweep"), str(REPO / "tools" / "
 
 from packaging.version import Version  # noqa: E402
 
-import sweep_store  # noqa: E402
+import runner  # noqa: E402
+from runner import install  # noqa: E402
 
 STORE = REPO / "docs" / "census" / "forks"
 DOC = REPO / "docs" / "census" / "forks.md"
-MATRIX = REPO / ".matrix"
 DIMENSION = "forks"
 
 #: fork -> (release, transformers release it runs with); None: the distribution holds no code (0.5.0's wheel and
@@ -86,35 +82,6 @@ GATE_CELLS = {
     "wrapped-call": ("hotfix-without-fix", tuple(f for functions in FUNCTIONS.values() for f in functions)),
 }
 PHASES = ("upstream", "hotfix", "hotfix-without-fix")
-
-
-def _torch() -> str:
-    import torch
-
-    return torch.__version__.split("+")[0]
-
-
-_INSTALLING = threading.Lock()
-
-
-def install(name: str, version: str) -> Path:
-    """``name==version`` in .matrix/<name>-<version>, once: a fork without its dependencies (fork_loader stubs
-    its package), transformers as the census installs it."""
-    if name == "transformers":
-        import census  # tools/census/census.py: one installer of transformers releases
-
-        return census.install(name, version)
-    folder = MATRIX / f"{name}-{version}"
-    with _INSTALLING:
-        if not (folder / ".complete").exists():
-            print(f"forks: installing {name}=={version}", flush=True)
-            proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check",
-                                   "--no-deps", "--target", str(folder), f"{name}=={version}"],
-                                  capture_output=True, text=True)
-            if proc.returncode != 0:
-                raise RuntimeError(f"pip install {name}=={version} failed: {proc.stderr.strip().splitlines()[-1:]}")
-            (folder / ".complete").touch()
-    return folder
 
 
 def _row(fork, release, transformers, function, case, phase, result) -> Dict:
@@ -287,45 +254,25 @@ def render(rows: List[Dict], doc: Path) -> None:
     doc.write_text("\n".join(out) + "\n")
 
 
+def _describe(row: Dict) -> str:
+    return (f"[{row['fork']} {row['release']} {row['function']} {row['phase']}] {row['case']}: "
+            f"{row['verdict']} {row['detail'][:80]}")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--releases", default="", help="comma list of fork==version (default: every one of RELEASES)")
-    p.add_argument("--jobs", type=int, default=1)
-    p.add_argument("--results", default=str(STORE), help="store directory, or a .jsonl file (tests)")
-    p.add_argument("--doc", default=str(DOC))
-    p.add_argument("--render-only", action="store_true")
-    p.add_argument("--timeout", type=float, default=900.0, help="seconds per child")
+    runner.add_store_arguments(p, STORE, DOC, 900.0, "seconds per child")
     args = p.parse_args(argv)
-    results = Path(args.results)
-    if not args.render_only:
-        torch = _torch()
-        only = set(filter(None, args.releases.split(",")))
-        done = {(r["fork"], r["release"]) for r in map(json.loads, sweep_store.read_lines(results))
-                if r["torch"] == torch and r["verdict"] != "error"}
-        appended = sweep_store.append_target(results)
-        appended.parent.mkdir(parents=True, exist_ok=True)
-        lock = threading.Lock()
+    only = set(filter(None, args.releases.split(",")))
 
-        def sink(row: Dict) -> None:
-            row.update(torch=torch, date=datetime.date.today().isoformat())
-            with lock:
-                with appended.open("a") as handle:
-                    handle.write(json.dumps(row, sort_keys=True) + "\n")
-            print(f"[{row['fork']} {row['release']} {row['function']} {row['phase']}] {row['case']}: "
-                  f"{row['verdict']} {row['detail'][:80]}", flush=True)
-
-        todo = [(fork, release, transformers) for fork, entries in RELEASES.items() for release, transformers in entries
+    def jobs(torch: str, rows: List[Dict], sink) -> List:
+        done = {(r["fork"], r["release"]) for r in rows if r["torch"] == torch and r["verdict"] != "error"}
+        return [lambda entry=(fork, release, transformers): run_release(*entry, sink, args.timeout)
+                for fork, entries in RELEASES.items() for release, transformers in entries
                 if (not only or f"{fork}=={release}" in only) and (fork, release) not in done]
-        with ThreadPoolExecutor(max(1, args.jobs)) as pool:
-            for future in [pool.submit(run_release, *entry, sink, args.timeout) for entry in todo]:
-                try:
-                    future.result()
-                except Exception as exc:  # one release failing to install or run must not stop the others
-                    print(f"forks: {exc!r}", flush=True)
-        sweep_store.compact(results, _key, _group)
-    render([json.loads(line) for line in sweep_store.read_lines(results)], Path(args.doc))
-    print(f"forks: {args.doc}")
-    return 0
+
+    return runner.measure_and_render(args, "forks", jobs, _describe, _key, _group, render)
 
 
 if __name__ == "__main__":

@@ -27,11 +27,7 @@ holds the declared ranges of unsloth-zoo-nonreentrant-offload against the rows
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import sys
-import threading
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
@@ -42,7 +38,8 @@ sys.path[:0] = [str(HERE), str(REPO / "tools" / "sweep"), str(REPO / "tools" / "
 from packaging.version import Version  # noqa: E402
 
 import releases  # noqa: E402
-import sweep_store  # noqa: E402
+import runner  # noqa: E402
+from runner import install  # noqa: E402
 
 STORE = REPO / "docs" / "census" / "zoo-nonreentrant"
 DOC = REPO / "docs" / "census" / "zoo-nonreentrant.md"
@@ -66,12 +63,6 @@ def _key(row: Dict) -> tuple:
 
 def _group(row: Dict) -> str:
     return f"torch{row['torch']}"
-
-
-def _torch() -> str:
-    import torch
-
-    return torch.__version__.split("+")[0]
 
 
 def row_of(result: Dict, zoo: str, transformers: str, hotfix: bool, release_offloads: Optional[bool]) -> Dict:
@@ -99,7 +90,6 @@ def row_of(result: Dict, zoo: str, transformers: str, hotfix: bool, release_offl
 
 def run_chunk(zoos: List[str], transformers: str, sink, timeout: float) -> None:
     """One tools/lab/zoo_routing.py --serve process for ``zoos`` under ``transformers`` (a fork per release)."""
-    from census import install  # the census's side-by-side installs (.matrix/<name>-<version>)
     from hotfix.diagnostics.children import child_env, json_lines, last_line, run_python
 
     folders = {str(install("unsloth-zoo", zoo)): zoo for zoo in zoos}
@@ -284,52 +274,31 @@ def gate_problems(all_rows: List[Dict], patch) -> List[str]:
     return out
 
 
+def _describe(row: Dict) -> str:
+    return (f"[{row['release']} {row['transformers']} hotfix {'on ' if row['hotfix'] else 'off'}] "
+            f"{row['setup']:<9} asked={row['requested']!s:<5} "
+            f"{_word(row, row.get('release_offloads')) if row['setup'] != '*' else row['detail']}")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--releases", default="", help="comma list: only these unsloth-zoo releases")
     p.add_argument("--transformers", default=",".join(TRANSFORMERS))
-    p.add_argument("--jobs", type=int, default=1)
-    p.add_argument("--results", default=str(STORE), help="store directory, or a .jsonl file (tests)")
-    p.add_argument("--doc", default=str(DOC))
-    p.add_argument("--render-only", action="store_true")
-    p.add_argument("--timeout", type=float, default=600.0, help="seconds per release")
     p.add_argument("--chunk", type=int, default=8, help="releases per process (forked after its imports)")
+    runner.add_store_arguments(p, STORE, DOC, 600.0, "seconds per release")
     args = p.parse_args(argv)
-    results = Path(args.results)
-    if not args.render_only:
-        torch = _torch()
-        done = {(r["release"], r["transformers"]) for r in map(json.loads, sweep_store.read_lines(results))
-                if r["torch"] == torch and r["verdict"] != "error"}
-        appended = sweep_store.append_target(results)
-        appended.parent.mkdir(parents=True, exist_ok=True)
-        lock = threading.Lock()
-        only = set(filter(None, args.releases.split(",")))
+    only = set(filter(None, args.releases.split(",")))
 
-        def sink(row: Dict) -> None:
-            row.update(torch=torch, date=datetime.date.today().isoformat())
-            with lock:
-                with appended.open("a") as handle:
-                    handle.write(json.dumps(row, sort_keys=True) + "\n")
-            print(f"[{row['release']} {row['transformers']} hotfix {'on ' if row['hotfix'] else 'off'}] "
-                  f"{row['setup']:<9} asked={row['requested']!s:<5} "
-                  f"{_word(row, row.get('release_offloads')) if row['setup'] != '*' else row['detail']}",
-                  flush=True)
-
+    def jobs(torch: str, rows: List[Dict], sink) -> List:
+        done = {(r["release"], r["transformers"]) for r in rows if r["torch"] == torch and r["verdict"] != "error"}
         chunks: List[Tuple[List[str], str]] = []
         for transformers in args.transformers.split(","):
             todo = [zoo for zoo, _ in releases.zoo_releases()
                     if (not only or zoo in only) and (zoo, transformers) not in done]
             chunks += [(todo[i:i + args.chunk], transformers) for i in range(0, len(todo), args.chunk)]
-        with ThreadPoolExecutor(max(1, args.jobs)) as pool:
-            for future in [pool.submit(run_chunk, *chunk, sink, args.timeout) for chunk in chunks]:
-                try:
-                    future.result()
-                except Exception as exc:  # one release failing to install or run must not stop the others
-                    print(f"zoo_nonreentrant: {exc!r}", flush=True)
-        sweep_store.compact(results, _key, _group)
-    render([json.loads(line) for line in sweep_store.read_lines(results)], Path(args.doc))
-    print(f"zoo_nonreentrant: {args.doc}")
-    return 0
+        return [lambda chunk=chunk: run_chunk(*chunk, sink, args.timeout) for chunk in chunks]
+
+    return runner.measure_and_render(args, "zoo_nonreentrant", jobs, _describe, _key, _group, render)
 
 
 if __name__ == "__main__":

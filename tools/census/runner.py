@@ -1,0 +1,120 @@
+"""What every census tool shares (census.py, ddp.py, forks.py, zoo_nonreentrant.py).
+
+* ``install``: a release side by side into .matrix/<name>-<version> (git-ignored), once;
+* ``torch_release``: the torch being measured (its rows record it);
+* ``RowSink``: a row, stamped with that torch and today's date, appended to the run's pending file (a run
+  that stops resumes from it) and printed as it comes;
+* ``run_jobs``: the jobs on a thread pool, one failing job one line;
+* ``add_store_arguments`` / ``measure_and_render``: a side census's command line and its cycle: measure
+  what the rows lack, compact the rows into the tracked store (tools/sweep/sweep_store.py), render the page.
+
+A tool brings its cells, its row key and store group, and its page; nothing here keeps state between calls
+except the lock that lets two jobs of one release install it once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import shutil
+import subprocess
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Callable, Dict, List, Optional
+
+import sweep_store
+
+REPO = Path(__file__).resolve().parents[2]
+MATRIX = REPO / ".matrix"
+#: a transformers release brings what it pins (tokenizers, huggingface_hub, ...); the others (unsloth-zoo, PEFT,
+#: the forks) are installed alone: their needs are the venv's, or tools/lab/fork_loader.py stubs them
+WITH_DEPENDENCIES = ("transformers",)
+_INSTALLING = threading.Lock()  # jobs of one release run side by side: one installs, the other waits
+
+
+def install(name: str, version: str) -> Path:
+    """``name==version`` in .matrix/<name>-<version>, once (a half-finished folder is installed again)."""
+    folder = MATRIX / f"{name}-{version}"
+    with _INSTALLING:
+        if (folder / ".complete").exists():
+            return folder
+        shutil.rmtree(folder, ignore_errors=True)
+        spec = f"{name.replace('-', '_') if name == 'unsloth-zoo' else name}=={version}"
+        print(f"census: installing {spec}", flush=True)
+        proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check",
+                               *([] if name in WITH_DEPENDENCIES else ["--no-deps"]), "--target", str(folder), spec],
+                              capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"pip install {spec} failed: {proc.stderr.strip().splitlines()[-1:]}")
+        (folder / ".complete").touch()
+    return folder
+
+
+def torch_release() -> str:
+    """This interpreter's torch release, without its local part (2.14.1, not 2.14.1+cu130)."""
+    import torch
+
+    return torch.__version__.split("+")[0]
+
+
+def read_rows(results: Path) -> List[Dict]:
+    """Every row of a store (tracked rows and a run's pending ones) or of a .jsonl file."""
+    return [json.loads(line) for line in sweep_store.read_lines(results)]
+
+
+class RowSink:
+    """Called with each row as a job makes it: stamps it (``torch``, ``date``, ``extra``), appends it to the
+    pending file of ``results`` and prints ``describe(row)``.  Jobs on several threads share one sink."""
+
+    def __init__(self, results: Path, torch: str, describe: Callable[[Dict], str], extra: Optional[Dict] = None):
+        self.target = sweep_store.append_target(results)
+        self.target.parent.mkdir(parents=True, exist_ok=True)
+        self.stamp = dict(extra or {}, torch=torch, date=datetime.date.today().isoformat())
+        self.describe = describe
+        self.lock = threading.Lock()
+
+    def __call__(self, row: Dict) -> None:
+        row.update(self.stamp)
+        with self.lock:
+            with self.target.open("a") as handle:
+                handle.write(json.dumps(row, sort_keys=True) + "\n")
+            print(self.describe(row), flush=True)
+
+
+def run_jobs(jobs: List[Callable[[], None]], workers: int, tool: str = "census") -> None:
+    """Run ``jobs`` (emptied) on ``workers`` threads; one that fails is one line, the others go on."""
+    with ThreadPoolExecutor(max(1, workers)) as pool:
+        for future in [pool.submit(job) for job in jobs]:
+            try:
+                future.result()
+            except Exception as exc:  # one release failing to install or run must not stop the census
+                print(f"{tool}: {exc!r}", flush=True)
+    jobs.clear()
+
+
+def add_store_arguments(parser: argparse.ArgumentParser, store: Path, doc: Path, timeout: float,
+                        timeout_help: str) -> None:
+    """The options every side census has: --jobs, --results, --doc, --render-only, --timeout."""
+    parser.add_argument("--jobs", type=int, default=1)
+    parser.add_argument("--results", default=str(store), help="store directory, or a .jsonl file (tests)")
+    parser.add_argument("--doc", default=str(doc))
+    parser.add_argument("--render-only", action="store_true")
+    parser.add_argument("--timeout", type=float, default=timeout, help=timeout_help)
+
+
+def measure_and_render(args: argparse.Namespace, tool: str, jobs: Callable[[str, List[Dict], RowSink], List],
+                       describe: Callable[[Dict], str], key: Callable[[Dict], tuple], group: Callable[[Dict], str],
+                       render: Callable[[List[Dict], Path], None]) -> int:
+    """A side census's run: unless --render-only, ``jobs(torch, rows, sink)`` (what the rows of this torch lack)
+    on --jobs threads, then the rows compacted by ``key`` into the store's ``group`` files; then the page."""
+    results = Path(args.results)
+    if not args.render_only:
+        torch = torch_release()
+        run_jobs(jobs(torch, read_rows(results), RowSink(results, torch, describe)), args.jobs, tool)
+        sweep_store.compact(results, key, group)
+    render(read_rows(results), Path(args.doc))
+    print(f"{tool}: {args.doc}")
+    return 0
