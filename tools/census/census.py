@@ -40,6 +40,10 @@ Dimensions (releases: tools/census/releases.py):
   venv deleted once its rows are in).  (2026-11-25, with other jobs sharing the machine: 40 minutes a
   line.)  The inductor compile column (``--cells compile/whisper/inductor,compile/llama/inductor``): a cell
   1 - 3 minutes, a line about 4 minutes with ``--jobs 2`` (2026-11-27).
+* the bisect (``--bisect``, tools/census/boundaries.py): the first patch release of each of the 34 lines
+  with several, then each disagreeing cell on the releases between.  Cost, 2026-11-27, 2-core CPU machine,
+  ``--jobs 2``, a low-priority sweep beside it: 44 minutes under torch 2.13.0 (29 first releases to install
+  and measure, 3 between), 37 under 2.14.1 (installed already).
 
 Rows (one per cell, compact) go to docs/census/<dimension>-torch<version>.jsonl.gz (tools/sweep/
 sweep_store.py: deterministic gzip; a run appends to .sweep/census.pending.jsonl and resumes from
