@@ -48,6 +48,9 @@ def matrix_versions(name: str) -> List[str]:
 def matrix_path(name: str, version: str) -> Path:
     path = MATRIX / f"{name}-{version}"
     if not (path / ".complete").exists():
+        no_disk = MATRIX / f"{name}-{version}.no-disk"  # a side torch the machine had no disk for (census.torch_venv)
+        if no_disk.exists():
+            pytest.skip(no_disk.read_text().strip())  # CI too: the machine's disk, not hotfix, is short
         message = f"{path} is not installed; run scripts/test.sh"
         if IN_CI:
             pytest.fail(message)

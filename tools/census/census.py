@@ -84,10 +84,25 @@ def _key(row: Dict) -> tuple:
     return (row["dimension"], row["release"], row["torch"], row["function"], row["case"], row["hotfix"])
 
 
+class NoDiskForTorch(RuntimeError):
+    """Too little free disk for a torch venv; its reason is also left in .matrix/torch-<version>.no-disk."""
+
+
+#: free disk a torch venv's install needs: the venv (4.9 GB for 2.11.0, 5.4 for 2.7.1, 5.7 for 2.14.1,
+#: measured 2026-11-27) and the wheels pip holds until it is done (about 3 GB)
+TORCH_VENV_DISK = 9 * 2**30
+
+
+def no_disk_marker(version: str) -> Path:
+    """Where torch_venv says why it did not install ``version``; tests/conftest.py skips on it, CI included."""
+    return MATRIX / f"torch-{version}.no-disk"
+
+
 def torch_venv(version: str, wheel: Optional[str] = None) -> Path:
     """.matrix/torch-<version>: a venv with that torch (PyPI's build), once, and hotfix from ``wheel`` (default: a
     wheel of this checkout, built now), every time: a venv made earlier must not measure an older hotfix.
-    scripts/test.sh installs the tests' side torch here."""
+    scripts/test.sh installs the tests' side torch here.  With less free disk than TORCH_VENV_DISK it installs
+    nothing and raises NoDiskForTorch (a CI machine's disk varies; a full disk mid-install helps nobody)."""
     import shutil
     import tempfile
 
@@ -95,13 +110,27 @@ def torch_venv(version: str, wheel: Optional[str] = None) -> Path:
     python = folder / "bin" / "python"
     pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
     fresh = not (folder / ".complete").exists()
+    marker = no_disk_marker(version)
+    marker.unlink(missing_ok=True)
     if fresh:
         shutil.rmtree(folder, ignore_errors=True)
+        MATRIX.mkdir(exist_ok=True)
+        free = shutil.disk_usage(MATRIX).free
+        if free < TORCH_VENV_DISK:
+            reason = (f"torch {version} not installed: {free / 2**30:.1f} GiB free on disk, its venv needs about "
+                      f"{TORCH_VENV_DISK / 2**30:.0f} GiB (tools/census/census.py TORCH_VENV_DISK)")
+            marker.write_text(reason + "\n")
+            raise NoDiskForTorch(reason)
         print(f"census: installing torch=={version} into {folder}", flush=True)
         subprocess.run([sys.executable, "-m", "venv", str(folder)], check=True)
-        # The machine's pip constraints may cap torch; this venv asks for one exact release.
-        env = dict(os.environ, PIP_CONSTRAINT="/dev/null")
-        subprocess.run([*pip, f"torch=={version}", *TORCH_VENV_PACKAGES], check=True, env=env)
+        # The machine's pip constraints may cap torch; this venv asks for one exact release.  No pip cache: it
+        # would keep another copy of the wheels (about 3 GB) after the install.
+        env = dict(os.environ, PIP_CONSTRAINT="/dev/null", PIP_NO_CACHE_DIR="1")
+        try:
+            subprocess.run([*pip, f"torch=={version}", *TORCH_VENV_PACKAGES], check=True, env=env)
+        except subprocess.CalledProcessError:
+            shutil.rmtree(folder, ignore_errors=True)  # a half-installed venv is gigabytes of nothing
+            raise
     with tempfile.TemporaryDirectory() as wheels:
         if not wheel:
             shutil.rmtree(REPO / "build", ignore_errors=True)  # setuptools would pack files deleted since into it
@@ -126,7 +155,7 @@ def run_torch_lines(versions: List[str], argv: List[str], drop: bool) -> None:
     for version in versions:
         try:
             python = torch_venv(version)
-        except subprocess.CalledProcessError as exc:
+        except (subprocess.CalledProcessError, NoDiskForTorch) as exc:
             print(f"census: torch {version} could not be installed: {exc}", flush=True)
             continue
         subprocess.run([str(python), str(Path(__file__).resolve()), *argv, "--dimension", "torch-line"], check=False)
@@ -308,7 +337,10 @@ def main(argv=None) -> int:
     p.add_argument("--model-timeout", type=float, default=600.0)
     args = p.parse_args(argv)
     if args.install_torch:
-        torch_venv(args.install_torch, args.wheel)
+        try:
+            torch_venv(args.install_torch, args.wheel)
+        except NoDiskForTorch as exc:
+            print(f"census: {exc}", flush=True)
         return 0
     args.cells = set(filter(None, args.cells.split(",")))
     results = Path(args.results)
