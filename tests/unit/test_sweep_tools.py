@@ -221,12 +221,14 @@ def test_the_tracked_store_is_one_deterministic_gzip_per_line_and_merges_a_pendi
     assert {p.name: p.read_bytes() for p in store.iterdir()} == first
 
 
-def test_a_full_sweep_run_adds_less_than_200_kB_to_git():
-    """A run rewrites at most every release line's gzip file and the page; git stores each compressed."""
+def test_a_full_sweep_run_adds_less_than_512_kB_to_git():
+    """A run rewrites at most every release line's gzip file and the page; git stores each compressed.  Rows of a
+    run carry every mode's counts and errors (4.56.2's 6021 rows, run 2026-11-27: 98 kB; restored from the page
+    they were 33 kB), so three lines of 6,000 - 9,700 rows and the page stay near 400 kB."""
     import zlib
 
     from conftest import REPO
 
     store = sum(path.stat().st_size for path in (REPO / "docs" / "sweep-results").glob("*.jsonl.gz"))
     page = len(zlib.compress((REPO / "docs" / "sweep.md").read_bytes(), 9))
-    assert store + page < 200 * 1024, (store, page)
+    assert store + page < 512 * 1024, (store, page)

@@ -119,10 +119,6 @@ def broken_reason(row: Dict) -> Optional[str]:
 #: verdicts measured again by the next run (the cell never produced a measurement)
 RETRY = ("error",)
 
-#: a float32 cell whose only differences are values this close (relative) is measured again in float64:
-#: rounding shrinks there (the checker's float64 tolerance is 1e-10), a real difference does not
-ROUNDING_SIZED = 1e-3
-
 MECHANISM = {f"{model}/{recipe}": mechanism for model, recipe, mechanism in CELLS}
 MECHANISM.update({f"lab/{case}": mechanism for case, mechanism in LAB_CELLS})
 MECHANISM.update({f"zoo/{case}": mechanism for case, mechanism in ZOO_CASES})
@@ -143,30 +139,21 @@ def _row(dimension, release, function, case, hotfix, verdict, detail="", **extra
                 mechanism=MECHANISM[case], verdict=verdict, detail=detail[:160], **extra)
 
 
-def rounding_sized(row: Dict) -> bool:
-    """A float32 sweep row whose reentrant mode differs only in values, each within ``ROUNDING_SIZED``: no
-    gradient missing, none unexpected (a float64 recheck tells rounding from a defect)."""
-    mode = (row.get("modes") or {}).get("reentrant") or {}
-    return (row.get("result") == "FAIL" and mode.get("status") == "wrong" and mode.get("wrong", 0) > 0
-            and mode.get("missing", 1) == 0 and mode.get("unexpected", 1) == 0
-            and mode.get("max_error", float("inf")) < ROUNDING_SIZED)
-
-
-def transformers_row(row: Dict, version: str, hotfix: bool, function: str, float64: Optional[Dict] = None) -> Dict:
-    """A sweep row (tools/sweep/sweep_worker.check_one) as a census row; ``float64``: the same cell's row in
-    float64, for a float32 row that was :func:`rounding_sized` (equal there: rounding, the cell is equal)."""
+def transformers_row(row: Dict, version: str, hotfix: bool, function: str) -> Dict:
+    """A sweep row (tools/sweep/sweep_worker.check_one) as a census row; a reentrant difference of rounding size
+    measured again in float64 (tools/sweep/sweep_rounding.settle) is equal where it is equal there."""
     case = f"{row['model_type']}/{row.get('recipe', 'full')}"
     result = row.get("result")
     if result in ("pass", "FAIL"):
         mode = row["modes"]["reentrant"]
         verdict = {"equal": "equal", "wrong": "wrong", "crash": "crash", "guard": "guard"}.get(mode["status"], "error")
         detail = mode.get("summary", "")
-        if float64 is not None:
-            again = ((float64.get("modes") or {}).get("reentrant") or {})
-            if again.get("status") == "equal":
-                verdict, detail = "equal", f"float64: {again.get('summary', '')}; float32 rounding: {detail}"
+        again = (row.get("float64") or {}).get("reentrant")
+        if again is not None:
+            if again["status"] == "equal":
+                verdict, detail = "equal", f"float64: {again['summary']}; float32 rounding: {detail}"
             else:
-                detail = f"{detail}; float64 too: {again.get('summary') or float64.get('detail') or float64.get('result')}"
+                detail = f"{detail}; float64 too: {again['summary']}"
         return _row("transformers", version, function, case, hotfix, verdict, detail)
     if result in ("n/a", "no-checkpointing"):
         return _row("transformers", version, function, case, hotfix, "n/a", row.get("detail", result))

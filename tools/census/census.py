@@ -17,8 +17,8 @@ Dimensions (releases: tools/census/releases.py):
   model after ``--model-timeout``) run through torch's reentrant checkpoint and unsloth-zoo's
   ``UnslothCheckpointFunction`` (tools/sweep/sweep_models.py's UNSLOTH_ZOO, loaded on CPU), with hotfix
   off (HOTFIX_DISABLE=1) and on.  A float32 cell that differs only by rounding-sized values
-  (``cells.rounding_sized``) is measured again in float64; equal there, it is equal (the detail says
-  so).  A model type the release does not have is "n/a: absent".  The lab cells (``cells.LAB_CELLS``,
+  (tools/sweep/sweep_rounding.py, the sweep's rule too) is measured again in float64; equal there, it is
+  equal (the detail says so).  A model type the release does not have is "n/a: absent".  The lab cells (``cells.LAB_CELLS``,
   tools/lab/grad_case.py) run in one child per half the same way.
 * unsloth-zoo: every release from 2024.11.6 with the transformers line it was made for, through
   tools/lab/zoo_cases.py (upstream, then hotfix activated in the same process): closure tensors,
@@ -221,29 +221,17 @@ def run_transformers(version: str, hotfix: bool, function: str, done: set, sink,
         if not todo:
             continue
         seen: set = set()
-        held: Dict[str, Dict] = {}  # model type -> its float32 row, differing by rounding-sized values only
 
         def take(row, recipe=recipe):
             if row["model_type"].startswith("__"):
                 return
             seen.add(row["model_type"])
-            if cells.rounding_sized(row):
-                held[row["model_type"]] = row
-            else:
-                sink(cells.transformers_row(row, version, hotfix, function))
-
-        def take_float64(row):
-            if row["model_type"] in held:
-                sink(cells.transformers_row(held.pop(row["model_type"]), version, hotfix, function, float64=row))
+            sink(cells.transformers_row(row, version, hotfix, function))
 
         worker_args = SimpleNamespace(memory_limit=args.memory_limit, time_limit=args.time_limit,
                                       model_timeout=args.model_timeout, recipes=recipe, dtype="float32")
-        sweep_models.run_worker(version, hotfix, function, todo, set(), worker_args, take)
-        if held:
-            worker_args.dtype = "float64"
-            sweep_models.run_worker(version, hotfix, function, sorted(held), set(), worker_args, take_float64)
-            for row in held.values():  # the float64 worker gave no row: keep the float32 verdict, said so
-                sink(cells.transformers_row(row, version, hotfix, function, float64={"result": "no float64 row"}))
+        # a reentrant difference of rounding size is measured again in float64 (tools/sweep/sweep_rounding.py)
+        sweep_models.run_worker_rechecked(version, hotfix, function, todo, set(), worker_args, take, ("reentrant",))
         for model in todo:
             if model not in seen:  # the release has no such model type
                 sink(cells.absent_row(model, recipe, version, hotfix, function))

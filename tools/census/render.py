@@ -71,6 +71,12 @@ def _older_peft():
     return sweep_models.OLDER_PEFT
 
 
+def _rounding_sized() -> float:
+    import sweep_rounding  # tools/sweep is on sys.path wherever the census runs
+
+    return sweep_rounding.ROUNDING_SIZED
+
+
 #: fix -> where the evidence of mechanisms this census does not measure lives
 OTHER_EVIDENCE = {
     "axolotl-offload-checkpoint": "[census/forks.md](census/forks.md), every release",
@@ -252,7 +258,7 @@ def render(rows: List[Dict], doc: Path) -> None:
            "and both checkpoint functions (torch's reentrant checkpoint, unsloth-zoo's "
            "`UnslothCheckpointFunction` loaded on CPU). *broken*: a case crashed, lost or changed gradients "
            "(against the same step without checkpointing, float32; a case whose only differences are values within "
-           f"{cells.ROUNDING_SIZED:g} is measured again in float64 and counts as equal if it is equal there: "
+           f"{_rounding_sized():g} is measured again in float64 and counts as equal if it is equal there: "
            "rounding), tripped the memory/time guard, or (late-offload) "
            "offloaded nothing in step 1; *fine*: every case equal; *n/a*: the release has no such model or "
            "code path; *error*: a case could not be built or run (measured again by the next run); "

@@ -7,7 +7,7 @@
     python tools/sweep/sweep_models.py --versions 4.56.2 --models bert,whisper
     python tools/sweep/sweep_models.py --render-only        # rebuild docs/sweep.md from docs/sweep-results/
     python tools/sweep/sweep_models.py --dtype float64      # .sweep/results-float64.jsonl and .sweep/results-float64.md
-                                                      # model and inputs in float64: is an fp32 difference rounding?
+                                                      # model, inputs and default dtype in float64
 
 For every transformers release asked for (installed side by side in
 ``.matrix/transformers-<v>`` by scripts/test.sh) and for hotfix off
@@ -23,7 +23,9 @@ vision/audio tower) and runs ``hotfix.diagnostics.checker.check_model`` with the
 reentrant and non-reentrant modes (the model's own loss, else a fixed random
 projection of every float output: ``sweep_inputs.sweep_loss``), through each
 checkpoint function (``--functions``: torch's, and unsloth-zoo's
-UnslothCheckpointFunction loaded on CPU, reentrant only).  Families the generic
+UnslothCheckpointFunction loaded on CPU, reentrant only).  A float32 row whose every failing
+mode differs by rounding-sized values only is measured again in float64 (``run_worker_rechecked``,
+``sweep_rounding``: the census's rule too) and passes where it is equal there.  Families the generic
 small config does not fit get their sizes and inputs from ``sweep_families/``;
 ``sweep_probe.py`` measures the builder's reach in minutes.  Models that cannot be
 built or run are listed as such.  Each worker is bounded per model (``--model-timeout``) and by
@@ -63,6 +65,7 @@ from packaging.version import Version
 
 # tools/ is this script's folder, first on sys.path when it runs
 from sweep_recipes import RECIPES
+import sweep_rounding
 import sweep_store
 from sweep_report import (DONE, _cell, census, compact_results, compact_table, function_of, load_results, recipe_of,
                           render)
@@ -184,6 +187,40 @@ def run_worker(version: str, hotfix_on: bool, function: str, models: Optional[Li
             return
 
 
+def run_worker_rechecked(version: str, hotfix_on: bool, function: str, models: Optional[List[str]], done: set,
+                         args, sink, modes=None) -> None:
+    """run_worker, then the float32 rows whose failing modes (of ``modes``; None: every mode) differ by rounding-sized
+    values only measured again in float64 (sweep_rounding: the rule the census uses too).  Each row reaches
+    ``sink`` once, settled; the half's end marker last, so a run stopped before the float64 pass resumes it."""
+    if args.dtype != "float32":
+        return run_worker(version, hotfix_on, function, models, done, args, sink)
+    held: dict = {}  # (model type, recipe) -> float32 row to measure again
+    markers: list = []
+
+    def take(row):
+        if row["model_type"] == "__done__":
+            markers.append(row)
+        elif sweep_rounding.rounding_modes(row, modes):
+            held[(row["model_type"], recipe_of(row))] = row
+        else:
+            sink(row)
+
+    def take_float64(row):
+        held_row = held.pop((row["model_type"], recipe_of(row)), None)
+        if held_row is not None:
+            sink(sweep_rounding.settle(held_row, row, modes))
+
+    run_worker(version, hotfix_on, function, models, done, args, take)
+    if held:
+        again = argparse.Namespace(**dict(vars(args), dtype="float64",
+                                          recipes=",".join(sorted({recipe for _, recipe in held}))))
+        run_worker(version, hotfix_on, function, sorted({model for model, _ in held}), set(), again, take_float64)
+        for row in list(held.values()):  # the float64 worker gave no row: the float32 verdict stands, said so
+            sink(sweep_rounding.settle(row, None, modes))
+    for marker in markers:
+        sink(marker)
+
+
 def take_census(version: str) -> dict:
     """Every model type of the release: does its base class declare supports_gradient_checkpointing?"""
     from hotfix.diagnostics.children import child_env, json_lines, run_python
@@ -222,7 +259,8 @@ def main(argv=None) -> int:
                    help="checkpoint functions, comma list of %s (default: all; --fast: torch)" % ",".join(FUNCTION_MODES))
     p.add_argument("--function", default="torch", choices=tuple(FUNCTION_MODES), help=argparse.SUPPRESS)
     p.add_argument("--dtype", choices=("float32", "float64"), default="float32",
-                   help="model and float inputs in this dtype (float64: is an fp32-sized difference rounding?)")
+                   help="model, float inputs and torch's default dtype (every run re-measures rounding-sized "
+                        "float32 differences in float64 by itself: sweep_rounding)")
     p.add_argument("--jobs", type=int, default=1, help="(release, hotfix on/off) workers run at once (default 1)")
     args = p.parse_args(argv)
     if args.census:
@@ -270,7 +308,8 @@ def main(argv=None) -> int:
                 # resume: a cell counts as done once checked (or not applicable); what could not be built,
                 # run, or finish is tried again (the builder may have learnt it since)
                 if r["transformers"] == version and bool(r.get("hotfix")) == hotfix_on and function_of(r) == function \
-                        and r.get("dtype", "float32") == args.dtype and r.get("result") in DONE + ("no-checkpointing",):
+                        and r.get("dtype", "float32") == args.dtype and r.get("result") in DONE + ("no-checkpointing",) \
+                        and not sweep_rounding.rounding_modes(r):  # a row from before the float64 re-check: again
                     have.setdefault(r["model_type"], set()).add(recipe_of(r))
             done = {t for t, got in have.items() if set(recipes) <= got}
 
@@ -287,7 +326,7 @@ def main(argv=None) -> int:
                     print(f"[{row['transformers']} {function:<7} hotfix {'on ' if hotfix_on else 'off'}] {row['model_type']:<28} "
                           f"{recipe_of(row):<17} {_cell(row)[:100]}", flush=True)
 
-            run_worker(version, hotfix_on, function, models, done, args, sink)
+            run_worker_rechecked(version, hotfix_on, function, models, done, args, sink)
 
         halves = [(v, on, f) for f in functions for v in versions
                   for on in {"off": (False,), "on": (True,), "both": (False, True)}[args.hotfix]]

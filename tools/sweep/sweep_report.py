@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 import sweep_store
+from sweep_rounding import rounding_note
 
 
 def _rounding(fp32: str, float64: str, removed: str = "", measured: str = "5.23.0, 2026-11-23") -> str:
@@ -218,6 +219,11 @@ def _short_cell(before: Optional[Dict], after: Optional[Dict]) -> str:
 def _note(model_type: str, pairs: Dict[str, tuple]) -> str:
     notes = []
     for recipe, (before, after) in pairs.items():
+        settled = [rounding_note(before), rounding_note(after)]
+        if settled[0] and settled[0] == settled[1]:
+            notes.append(f"{recipe}, without and with hotfix: {settled[0]}")
+        else:
+            notes += [f"{recipe}, {half} hotfix: {note}" for half, note in zip(("without", "with"), settled) if note]
         if not before or before.get("result") != "FAIL":
             continue
         label = f"{recipe}: {_cell(before).replace('**FAIL** ', '')}"
@@ -354,7 +360,10 @@ HEADER = [
     "else a fixed random projection of every float output; one step without",
     "checkpointing against one with reentrant and one with non-reentrant checkpointing",
     "(`hotfix.diagnostics.checker.check_model`, float32 tolerance 1e-6 with the 1e-3 whole-gradient",
-    "floor), for each recipe (`tools/sweep/sweep_recipes.py`): **full** fine-tuning; **lora** = PEFT LoRA",
+    "floor; a float32 row whose every failing mode differs by values within 1e-3 relative only, no",
+    "gradient missing or unexpected, is measured again in float64, `tools/sweep/sweep_rounding.py`, the",
+    "census's rule too: equal there, it passes and its note says so), for each recipe",
+    "(`tools/sweep/sweep_recipes.py`): **full** fine-tuning; **lora** = PEFT LoRA",
     "(r=4) on the attention projections, base frozen, no `enable_input_require_grads()`;",
     "**lora-input-grads** = the same after `enable_input_require_grads()`; **frozen-tower** = the",
     "vision/audio tower frozen, the rest trains. Each recipe runs through every checkpoint function:",

@@ -229,6 +229,8 @@ def worker_main(args) -> int:
     import torch
 
     torch.set_num_threads(1)
+    if args.dtype == "float64":  # tensors a forward makes itself (masks, positions, noise) follow the model
+        torch.set_default_dtype(torch.float64)
     import transformers
 
     transformers.logging.set_verbosity_error()
