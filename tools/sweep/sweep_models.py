@@ -38,12 +38,12 @@ stopped) and the table to ``--doc`` (docs/sweep.md).
 
 The timm-tower types (Gemma-3n, FastVLM, PerceptionLM) need timm, which needs torchvision, which
 PyPI has for torch 2.14.1 (a CUDA build; it runs on the CPU) and not for 2.13.0.  They are swept
-from a venv with that torch (the census's .venv-torch214, tools/census/census.py) and timm beside
+from a venv with that torch (the census's .matrix/torch-2.14.1, tools/census/census.py) and timm beside
 it, each row recording its torch:
 
-    .venv-torch214/bin/pip install --no-deps --target .matrix/timm-torch2.14.1 torchvision==0.29.1 timm==1.0.31
+    .matrix/torch-2.14.1/bin/pip install --no-deps --target .matrix/timm-torch2.14.1 torchvision==0.29.1 timm==1.0.31
     touch .matrix/timm-torch2.14.1/.complete
-    .venv-torch214/bin/python tools/sweep/sweep_models.py --models gemma3n,fast_vlm,perception_lm --jobs 2
+    .matrix/torch-2.14.1/bin/python tools/sweep/sweep_models.py --models gemma3n,fast_vlm,perception_lm --jobs 2
 """
 
 from __future__ import annotations
