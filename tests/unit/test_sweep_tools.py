@@ -137,6 +137,10 @@ def test_a_line_heading_says_when_its_rows_ran_not_when_the_page_was_rendered(tm
     assert heading.startswith("## transformers 5.23.0 — run 2026-11-20 to 2026-11-21; 8 of 16 rows restored from an "
                               "earlier page (their run dates not recorded); torch 2.13.0+cpu, CPU — "), heading
     assert not any("run under torch" in line for line in doc.read_text().splitlines() if line.startswith("| "))
+    assert "Rows marked `\"restored\": \"docs/sweep.md\"` are not a run's" in doc.read_text()
+    assert "Every row is a run's own" not in doc.read_text()
+    render([r for r in results if not r.get("restored")], doc, ["5.23.0"], "2.13.0+cpu")  # every row re-run since
+    assert "Every row is a run's own" in doc.read_text() and "restored" not in doc.read_text()
 
 
 def test_a_type_run_under_another_torch_than_its_line_says_so(tmp_path):

@@ -290,7 +290,8 @@ def render(results: List[Dict], doc: Path, versions: List[str], torch_version: s
             index[(row["transformers"], row["model_type"], recipe_of(row), bool(row.get("hotfix")),
                    function_of(row))] = row
     columns = [(r, f) for f in functions for r in recipes]
-    lines = HEADER + [""]
+    cut = HEADER.index("```") - 1  # the restored rows' note goes before the commands
+    lines = HEADER[:cut] + (RESTORED if any(r.get("restored") for r in results) else ALL_RUN) + HEADER[cut:] + [""]
     summary = {}
     for version in versions:
         # the checkpoint functions the sweep ran on this line: each of them counts for coverage
@@ -391,11 +392,8 @@ HEADER = [
     "through every checkpoint function the sweep ran. `tools/sweep/sweep_probe.py` measures in minutes how",
     "many types the builder reaches (build + one step, no comparison).",
     "",
-    "The rows behind this page are in `docs/sweep-results/` (tracked, one gzip file of JSON lines per release line, one object per cell and half).",
-    "Rows marked `\"restored\": \"docs/sweep.md\"` were rebuilt from this page on 2026-11-24, after the",
-    "untracked raw file was lost with a checkout: they hold what the page showed (each result, its detail, the",
-    "unpatched half's failing modes and counts), not byte counts or error magnitudes; rendered again they gave",
-    "the page they came from unchanged (checked when they were restored).",
+    "The rows behind this page are in `docs/sweep-results/` (tracked, one gzip file of JSON lines per release line, one object per cell and half);",
+    "this page is rendered from them alone.",
     "",
     "```",
     ".venv-test/bin/python tools/sweep/sweep_models.py --jobs 2                  # 4.56.2, 4.57.6 and 5.23.0, every type, hours",
@@ -403,6 +401,17 @@ HEADER = [
     ".venv-test/bin/python tools/sweep/sweep_models.py --fast                    # CI subset",
     ".venv-test/bin/python tools/sweep/sweep_models.py --render-only             # this page from docs/sweep-results/",
     "```",
+]
+
+#: said once no line holds rows restored from the page
+ALL_RUN = ["Every row is a run's own: its date, torch, counts and errors as the run wrote them."]
+
+#: said while a line still holds rows restored from the page (its heading: "N of M rows restored")
+RESTORED = [
+    "Rows marked `\"restored\": \"docs/sweep.md\"` are not a run's: they were rebuilt from this page on 2026-11-24,",
+    "after the untracked raw file was lost with a checkout, and hold what the page showed (each result, its",
+    "detail, the unpatched half's failing modes and counts), not byte counts or error magnitudes; rendered again",
+    "they gave the page they came from unchanged (checked when they were restored).",
 ]
 
 
