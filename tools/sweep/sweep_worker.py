@@ -7,6 +7,7 @@ makes a dummy batch, runs ``check_model`` and prints one JSON line per model
 
 from __future__ import annotations
 
+import contextlib
 import json
 from typing import Dict, List, Optional
 
@@ -132,6 +133,22 @@ def _adapters_never_run(report) -> bool:
     return "does not require grad without checkpointing" in (report.reference.error or "")
 
 
+@contextlib.contextmanager
+def _default_dtype(dtype):
+    """torch's default dtype set to ``dtype`` (None: unchanged) for the steps only: tensors a forward makes
+    itself (masks, positions, noise) then follow a float64 model, while the model and its batch are still
+    built as in float32 (a batch fitted to the model, e.g. its image placeholders, by a float32 forward)."""
+    import torch
+
+    before = torch.get_default_dtype()
+    if dtype is not None:
+        torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(before)
+
+
 def check_one(model_type: str, class_name: str, config_name: Optional[str], memory_limit: int, time_limit: float,
               recipes=("full",), modes=SWEEP_MODES, dtype: str = "float32") -> List[Dict]:
     """One row per recipe: pass / FAIL / n/a / could-not-build / could-not-run / no-checkpointing.
@@ -181,7 +198,7 @@ def check_one(model_type: str, class_name: str, config_name: Optional[str], memo
         except BaseException as exc:
             rows.append(row(recipe, result="could-not-build", detail="recipe: " + _short(exc)))
             continue
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), _default_dtype(torch.float64 if dtype == "float64" else None):
             warnings.simplefilter("ignore")
             report = check_model(model, batch, loss_fn=sweep_loss, modes=modes, memory_limit=memory_limit, time_limit=time_limit,
                                  hard_exit=True, grace=30)
@@ -229,8 +246,6 @@ def worker_main(args) -> int:
     import torch
 
     torch.set_num_threads(1)
-    if args.dtype == "float64":  # tensors a forward makes itself (masks, positions, noise) follow the model
-        torch.set_default_dtype(torch.float64)
     import transformers
 
     transformers.logging.set_verbosity_error()
