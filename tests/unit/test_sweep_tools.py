@@ -236,3 +236,23 @@ def test_a_full_sweep_run_adds_less_than_512_kB_to_git():
     store = sum(path.stat().st_size for path in (REPO / "docs" / "sweep-results").glob("*.jsonl.gz"))
     page = len(zlib.compress((REPO / "docs" / "sweep.md").read_bytes(), 9))
     assert store + page < 512 * 1024, (store, page)
+
+
+def test_the_page_is_what_the_tracked_rows_render_and_every_hand_note_is_read(tmp_path):
+    """docs/sweep.md is re-derivable from docs/sweep-results/ alone (issue 34): rendered again from the rows it
+    is the same page, byte for byte; and every hand-written note (OUT_OF_SCOPE) is on it, read by some cell still
+    failing with hotfix (a note the float64 re-check made needless is removed, not left to rot)."""
+    from conftest import REPO
+    from packaging.version import Version
+    from sweep_report import OUT_OF_SCOPE, RECIPE_ORDER
+    from sweep_worker import FUNCTION_MODES
+
+    rows = load_results(REPO / "docs" / "sweep-results")
+    assert all(r.get("torch") for r in rows if not r["model_type"].startswith("__")), "a row without its torch"
+    doc = tmp_path / "sweep.md"
+    render(rows, doc, sorted({r["transformers"] for r in rows}, key=Version), "no torch recorded",
+           list(RECIPE_ORDER), list(FUNCTION_MODES))
+    page = (REPO / "docs" / "sweep.md").read_text()
+    assert doc.read_text() == page, "docs/sweep.md differs from what docs/sweep-results/ renders: re-render it"
+    unread = [t for t, note in OUT_OF_SCOPE.items() if f"out of scope: {note}" not in page]
+    assert not unread, unread

@@ -8,56 +8,20 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 import sweep_store
-from sweep_rounding import rounding_note
+from sweep_rounding import ROUNDING_SIZED, rounding_note
 
 
-def _rounding(fp32: str, float64: str, removed: str = "", measured: str = "5.23.0, 2026-11-23") -> str:
-    """The note for a failure that float64 (torch's function, on ``measured``) shows to be fp32 rounding."""
-    head = f"hotfix removes the upstream failure ({removed}); what remains is rounding" if removed else \
-        "rounding, not gradient loss"
-    return (f"{head}: up to {fp32} relative in fp32 under reentrant recomputation, with and without hotfix; in "
-            f"float64 every gradient agrees to {float64} ({measured}); no gradient is missing")
-
-
-_NO_ADAPTER_GRADS = "LoRA: 8 of 8 adapters get no gradient"
-_ALSO_4_57 = "5.23.0, 2026-11-23; the same on 4.57.6, 2026-11-24"  # float64 re-run there, same figure
-
-# Failures that remain with hotfix, each with its mechanism: fp32 rounding (checked with
-# `sweep_models.py --dtype float64`), or an upstream defect outside checkpointing.
-# Filled from the sweep's results; see docs/sweep.md.
-# Shown only where the model still fails with hotfix.
+# Failures that remain with hotfix and that the float64 re-check (sweep_rounding) does not settle, each with its
+# mechanism, found by hand: rounding above ROUNDING_SIZED or in a model that cannot run in float64, or an
+# upstream defect outside checkpointing.  Shown only where the model still fails with hotfix; every entry is
+# read by some row of docs/sweep-results/ (tests/unit/test_sweep_tools.py).
 OUT_OF_SCOPE: Dict[str, str] = {
-    "florence2": "rounding, not gradient loss: the DaViT vision tower's gradients differ by 1.3e-6 (full) to 3.0e-6 "
-    "(LoRA) relative in fp32 under reentrant recomputation, with and without hotfix, through torch's and "
-    "unsloth's checkpoint function alike (at most 2.1e-6 through unsloth's); in float64 (torch's function) all 72 "
-    "LoRA gradients agree to 3.6e-15 (4.56.2) and 4.2e-15 (5.23.0), 2026-11-23, 4.6e-15 (4.57.6, 2026-11-24); no "
-    "gradient is missing",
-    "t5": "rounding, not gradient loss (5.23.0, LoRA): 4-5 of 24 adapter gradients differ by 1.4e-6 to 1.5e-6 relative "
-    "in fp32 with reentrant AND non-reentrant checkpointing, with and without hotfix; in float64 all 24 agree to "
-    "2.5e-15 (2026-11-23); no gradient is missing",
-    "data2vec-audio": "rounding, not gradient loss: 2-3 conv feature-extractor weights differ by 1.1e-6 relative "
-    "(tolerance 1e-6) under reentrant recomputation, with and without hotfix; in float64 all 69 gradients agree "
-    "to 1.5e-15 (5.23.0, 2026-11-23; 4.57.6, 2026-11-24); no gradient is missing",
-    # Verified with `sweep_models.py --dtype float64` (torch's function, 5.23.0, 2026-11-23); where upstream
+    # Checked with `sweep_models.py --dtype float64` by hand (torch's function, 5.23.0, 2026-11-23); where upstream
     # fails by a crash or missing adapters, those stay in float64: they are real, and hotfix removes them.
     "autoformer": "hotfix removes the upstream failure (full: backward through the graph a second time; LoRA: 24 "
     "of 24 adapters get no gradient); what remains is rounding: up to 1.0e-5 relative in fp32 under reentrant "
     "recomputation, 2.2e-14 in float64 (its own .float() casts run as .double(); 4.57.6: 2.3e-14, 2026-11-24); no "
     "gradient is missing",
-    "informer": "hotfix removes the upstream failure (LoRA: 24 of 24 adapters get no gradient); what remains is "
-    "rounding: up to 1.9e-5 relative in fp32 under reentrant recomputation, with and without hotfix, 3.8e-14 in "
-    "float64 (4.57.6: 4.6e-14 with torch's default dtype float64 too, 2026-11-24); no gradient is missing",
-    "canary": "hotfix removes the upstream failure (LoRA: 8 to 24 of 24 adapters get no gradient); what remains "
-    "is rounding: up to 8.7e-5 relative in fp32 under reentrant recomputation, with and without hotfix, 1.6e-13 in "
-    "float64; no gradient is missing",
-    "cohere_asr": "hotfix removes the upstream failure (LoRA: 8 to 24 of 24 adapters get no gradient); what "
-    "remains is rounding: up to 8.9e-5 relative in fp32 under reentrant recomputation, with and without hotfix, "
-    "1.4e-13 in float64; no gradient is missing",
-    "granite_speech5_ctc": "rounding, not gradient loss: 1 of 68 gradients differs by 2.0e-6 relative in fp32 "
-    "under reentrant recomputation, with and without hotfix; in float64 all agree to 3.4e-15; no gradient is missing",
-    "granite_speech5_encoder": "hotfix removes the upstream failure (LoRA: 8 of 8 adapters get no gradient); "
-    "what remains is rounding: 1 of 68 gradients differs by 1.1e-6 relative in fp32 under reentrant "
-    "recomputation, with and without hotfix, 2.0e-15 in float64; no gradient is missing",
     "deformable_detr": "rounding on gradients that are exactly zero, not gradient loss: input_proj's level-3 conv "
     "and biases feed a GroupNorm with one channel per group (level 3 is 1x1), whose output does not depend on "
     "them; fp32 noise there (amplified ~316x by the zero-variance backward) is summed in another order by "
@@ -78,35 +42,6 @@ OUT_OF_SCOPE: Dict[str, str] = {
     "model's _gradient_checkpointing_func; reaching this call would mean replacing torch.utils.checkpoint"
     ".checkpoint process-wide, and torch.compile recognises activation checkpointing by that function's "
     "identity, so every other compiled checkpoint call would change",
-    "deepseek_ocr2": "rounding, not gradient loss (LoRA): 2 of 20 adapter gradients differ by 1.3e-6 relative in "
-    "fp32 under reentrant recomputation, with and without hotfix; in float64 all agree to 2.5e-15; no gradient is "
-    "missing",
-    "mt5": "rounding, not gradient loss: 4 weights (relative_attention_bias, q, 2 layer norms) differ by "
-    "1.0e-6 to 1.2e-6 relative (tolerance 1e-6) under reentrant recomputation, with and without hotfix; "
-    "in float64 all 51 gradients agree to 1.8e-15; no gradient is missing",
-    "wav2vec2-conformer": "rounding, not gradient loss: 5 feature-extractor parameters (3 conv weights, one layer norm's weight and bias) differ by 1.0e-6 to "
-    "1.4e-6 relative (tolerance 1e-6) under reentrant recomputation, with and without hotfix; in float64 all "
-    "86 gradients agree to 2.4e-15; no gradient is missing",
-    "wavlm": "hotfix removes the unpatched failure (position_bias= by keyword, history re-walked per layer: "
-    "memory guard); what remains is rounding: feature_extractor.conv_layers.0.conv.weight differs by 1.02e-6 "
-    "relative (tolerance 1e-6); in float64 all 57 gradients agree to 1.7e-15; no gradient is missing",
-    "moonshine": _rounding("1.8e-6", "3.5e-15", "LoRA: 72 of 72 adapters get no gradient", _ALSO_4_57),
-    "moonshine_streaming": _rounding("1.1e-6", "2.8e-15", "LoRA: 24 of 24 adapters get no gradient, 8 with "
-                                     "enable_input_require_grads()"),
-    "nemotron3_5_asr": _rounding("1.2e-6", "2.8e-15", _NO_ADAPTER_GRADS),
-    "nemotron_asr_streaming": _rounding("1.4e-6", "2.2e-15", _NO_ADAPTER_GRADS),
-    "nemotron_asr_streaming_encoder": _rounding("1.2e-6", "2.6e-15", _NO_ADAPTER_GRADS),
-    "parakeet_ctc": _rounding("2.0e-5", "2.5e-14", _NO_ADAPTER_GRADS, _ALSO_4_57),
-    "parakeet_encoder": _rounding("7.1e-6", "1.3e-14", _NO_ADAPTER_GRADS, _ALSO_4_57),
-    "parakeet_rnnt": _rounding("1.3e-5", "2.5e-14", _NO_ADAPTER_GRADS),
-    "parakeet_tdt": _rounding("9.5e-6", "1.3e-14", _NO_ADAPTER_GRADS),
-    "pegasus": _rounding("1.0e-6", "1.1e-15"),
-    "seamless_m4t_v2": _rounding("1.1e-6", "1.7e-15"),
-    "t5gemma2": _rounding("1.1e-6", "0 (bit-exact)"),
-    "udop": _rounding("1.2e-6", "2.2e-15", "LoRA: \"a leaf Variable that requires grad is being used in an in-place "
-                      "operation\", transformers-input-grads-leaf"),
-    "unlimited_ocr": _rounding("1.3e-6", "2.2e-15"),
-    "t5gemma": _rounding("1.2e-6", "0 (bit-exact)", "LoRA: 24 of 24 adapters get no gradient", "4.56.2, 2026-11-24"),
     "recurrent_gemma": "an upstream defect outside checkpointing (4.x; 5.23.0 passes): each RG-LRU block keeps its "
     "last forward's recurrent_states, graph included, on the module and feeds it into the next forward's scan "
     "(times zero at position 0, still in the graph), so a second training step crashes with \"Trying to backward "
@@ -361,7 +296,7 @@ HEADER = [
     "else a fixed random projection of every float output; one step without",
     "checkpointing against one with reentrant and one with non-reentrant checkpointing",
     "(`hotfix.diagnostics.checker.check_model`, float32 tolerance 1e-6 with the 1e-3 whole-gradient",
-    "floor; a float32 row whose every failing mode differs by values within 1e-3 relative only, no",
+    f"floor; a float32 row whose every failing mode differs by values within {ROUNDING_SIZED:g} relative only, no",
     "gradient missing or unexpected, is measured again in float64, `tools/sweep/sweep_rounding.py`, the",
     "census's rule too: equal there, it passes and its note says so), for each recipe",
     "(`tools/sweep/sweep_recipes.py`): **full** fine-tuning; **lora** = PEFT LoRA",
@@ -375,7 +310,9 @@ HEADER = [
     "generic small config does not fit get their sizes and inputs from `tools/sweep/sweep_families/`",
     "(facts learnt from transformers' own model tests). Rows `<type>+<variant>` switch on an optional",
     "path that passes tensors between layers (`tools/sweep/sweep_families/config_variants.py`:",
-    "`deberta-v2+layer_norm`, `gemma4+kv_shared`); they are extra rows, outside the coverage count.",
+    "`deberta-v2+layer_norm`, `gemma4+kv_shared`; `gemma4+kv_shared_cache`, `gemma3n_text+cache` keep the",
+    "config's `use_cache=True`, as a model loaded from the Hub trains); they are extra rows, outside the",
+    "coverage count.",
     "The types with a timm vision tower (Gemma-3n, FastVLM, PerceptionLM) run under torch 2.14.1 with",
     "timm's smallest ConvNeXt/ViT as the tower (timm needs a torchvision PyPI has for that torch only);",
     "their rows say so.",
