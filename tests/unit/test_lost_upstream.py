@@ -100,6 +100,7 @@ def test_an_applied_fix_with_a_lost_mechanism_says_both():
 
 
 @pytest.mark.parametrize("lost", [Lost({"wrapt": ">=1"}, ""), Lost({}, "why"), Lost({"wrapt": ">=x"}, "why"),
+                                  Lost({"wrapt": ">=1"}, "why", "gemma4"), Lost({"wrapt": ">=1"}, "why", ("",)),
                                   {"wrapt": ">=1"}, (("wrapt", ">=1"),)])
 def test_a_lost_declaration_without_a_range_or_a_reason_is_invalid(lost):
     class Bad(Patch):

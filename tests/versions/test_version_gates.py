@@ -115,7 +115,7 @@ def test_every_cell_broken_with_hotfix_says_why():
     fixes = gates.builtin_fixes()
     bare = {(r["torch"], r["case"], r["release"], r["function"]) for r in _rows()
             if r["hotfix"] and r["verdict"] in render.BROKEN and not cells.broken_reason(r)
-            and not gates.lost_reason(r["mechanism"], r["dimension"], r["release"], fixes)}
+            and not gates.lost_reason(r["mechanism"], r["dimension"], r["release"], fixes, cells.model_type_of(r["case"]))}
     assert sorted(bare) == []
 
 
@@ -224,6 +224,20 @@ def test_a_release_broken_with_hotfix_must_be_declared_lost_and_a_lost_one_measu
     assert any("5.5.1" in p and "does not declare it lost" in p for p in gates.problems(rows, [fix(())]))
     found = gates.problems(rows, [fix((Lost({"transformers": ">=5.5.0,<5.5.3"}, "why"),))])
     assert any("5.5.2" in p and "declared lost upstream, but measured fine with hotfix" in p for p in found), found
+
+
+def test_where_two_lost_declarations_hold_one_release_a_cell_gets_the_reason_of_its_own_model():
+    """Gemma-3n (5.0 - 5.5) and Gemma-4 (5.5.0 - 5.5.1) both lose their shared keys/values on 5.5.0: the page's
+    reason for a Gemma-4 cell is Gemma-4's (it printed Gemma-3n's, the first declaration holding the release)."""
+    fixes = gates.builtin_fixes()
+    gemma4 = gates.lost_reason("shared-mapping", "transformers", "5.5.0", fixes, cells.model_type_of("gemma4+kv_shared_cache/full"))
+    gemma3n = gates.lost_reason("shared-mapping", "transformers", "5.5.0", fixes, cells.model_type_of("gemma3n_text+cache/full"))
+    assert gemma4.startswith("Gemma-4 ") and gemma3n.startswith("Gemma-3n "), (gemma4, gemma3n)
+    assert gates.lost_reason("shared-mapping", "transformers", "5.3.0", fixes, "gemma4") is None  # Gemma-3n's only
+    page = (REPO / "docs" / "versions.md").read_text()
+    lines = [line for line in page.splitlines() if line.startswith("- transformers 5.5.0 ") and "gemma4+" in line]
+    assert lines and all("Why: declared lost upstream (`hotfix status` says NOT COVERED): Gemma-4 " in line
+                         for line in lines), lines
 
 
 def test_no_cell_of_the_versions_page_is_without_a_verdict():

@@ -103,15 +103,19 @@ def problems(rows: Iterable[Dict], patches) -> List[str]:
     return out
 
 
-def _lost_at(mechanism, dimension: str, release: str):
-    """The mechanism's ``Lost`` declaration that holds ``release`` of ``dimension``, or None."""
-    return next((lost for lost in mechanism.lost if _holds(lost.affected, dimension, release)), None)
+def _lost_at(mechanism, dimension: str, release: str, model_type: Optional[str] = None):
+    """The mechanism's ``Lost`` declaration that holds ``release`` of ``dimension`` (and, given ``model_type``,
+    names that model or any model), or None."""
+    return next((lost for lost in mechanism.lost if _holds(lost.affected, dimension, release)
+                 and (model_type is None or not lost.model_types or model_type in lost.model_types)), None)
 
 
-def lost_reason(mechanism_name: str, dimension: str, release: str, patches) -> Optional[str]:
-    """The reason of the mechanism's ``Lost`` declaration that holds ``release``, else None."""
+def lost_reason(mechanism_name: str, dimension: str, release: str, patches, model_type: Optional[str] = None
+                ) -> Optional[str]:
+    """The reason of the mechanism's ``Lost`` declaration that holds ``release`` for ``model_type`` (None: any
+    model), else None."""
     mechanism = _declared(patches).get(mechanism_name)
-    lost = _lost_at(mechanism, dimension, release) if mechanism and dimension in DISTRIBUTION else None
+    lost = _lost_at(mechanism, dimension, release, model_type) if mechanism and dimension in DISTRIBUTION else None
     return lost.reason if lost else None
 
 

@@ -200,7 +200,8 @@ def _lost(row: Dict) -> str:
     """Where the row's mechanism declares its release lost upstream: that reason, as hotfix status words it."""
     import gates
 
-    why = gates.lost_reason(row["mechanism"], row["dimension"], row["release"], gates.builtin_fixes())
+    why = gates.lost_reason(row["mechanism"], row["dimension"], row["release"], gates.builtin_fixes(),
+                            cells.model_type_of(row["case"]))
     return f"declared lost upstream (`hotfix status` says NOT COVERED): {why}" if why else ""
 
 
