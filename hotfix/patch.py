@@ -69,7 +69,7 @@ class Lost:
     reason: str  # what is dropped, where, and the upstream issue
     # the models whose state is dropped (transformers' config.model_type), () for any: where two declarations hold
     # one release, the census names the one of the model it measured (hotfix status, not knowing the model, says both)
-    model_types: Tuple[str, ...] = ()
+    model_types: Tuple[str, ...] = ()  # a list reads the same
 
 
 def _range_problems(ranges: Any, where: str) -> List[str]:
@@ -99,7 +99,7 @@ def _lost_problems(mechanism: Mechanism) -> List[str]:
         problems += _range_problems(lost.affected, f"{where}[{index}]")
         if not lost.affected or not isinstance(lost.reason, str) or not lost.reason:
             problems.append(f"{where}[{index}] needs a range and a reason")
-        if not isinstance(lost.model_types, tuple) or not all(isinstance(t, str) and t for t in lost.model_types):
+        if not isinstance(lost.model_types, (tuple, list)) or not all(isinstance(t, str) and t for t in lost.model_types):
             problems.append(f"{where}[{index}] model_types is {lost.model_types!r}, not a tuple of model type names")
     return problems
 

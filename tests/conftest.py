@@ -58,7 +58,8 @@ def matrix_path(name: str, version: str) -> Path:
     return path
 
 
-def run_sweep(tmp_path: Path, version: str, models: str, recipes: str, functions: str = "torch,unsloth") -> List[dict]:
+def run_sweep(tmp_path: Path, version: str, models: str, recipes: str, functions: str = "torch,unsloth",
+              dtype: str = "float32") -> List[dict]:
     """The rows of a fresh ``tools/sweep/sweep_models.py`` run on ``models`` (comma list) of one release, census rows left out."""
     import json
 
@@ -68,7 +69,7 @@ def run_sweep(tmp_path: Path, version: str, models: str, recipes: str, functions
     results = tmp_path / "sweep.jsonl"
     proc = subprocess.run(
         [sys.executable, str(TOOLS / "sweep" / "sweep_models.py"), "--versions", version, "--models", models,
-         "--recipes", recipes, "--functions", functions, "--fresh", "--jobs", "2",
+         "--recipes", recipes, "--functions", functions, "--dtype", dtype, "--fresh", "--jobs", "2",
          "--results", str(results), "--doc", str(tmp_path / "sweep.md")],
         capture_output=True, text=True, timeout=900, cwd=str(tmp_path),
     )

@@ -102,10 +102,24 @@ def test_an_applied_fix_with_a_lost_mechanism_says_both():
 @pytest.mark.parametrize("lost", [Lost({"wrapt": ">=1"}, ""), Lost({}, "why"), Lost({"wrapt": ">=x"}, "why"),
                                   Lost({"wrapt": ">=1"}, "why", "gemma4"), Lost({"wrapt": ">=1"}, "why", ("",)),
                                   {"wrapt": ">=1"}, (("wrapt", ">=1"),)])
-def test_a_lost_declaration_without_a_range_or_a_reason_is_invalid(lost):
+def test_a_lost_declaration_without_a_range_a_reason_or_model_type_names_is_invalid(lost):
     class Bad(Patch):
         name = "unit-bad-lost"
         mechanisms = (Mechanism("m", {"wrapt": ">=1"}, lost=lost if isinstance(lost, dict) else (lost,)),)
 
     error = Bad().declaration_error()
     assert error and "mechanism 'm': lost" in error, error
+
+
+@pytest.mark.parametrize("model_types", [(), ("gemma4", "gemma4_text"), ["gemma4"]])
+def test_a_lost_declaration_naming_its_models_as_a_tuple_or_a_list_is_valid_and_the_fix_applies(model_types):
+    """``model_types`` reads like ``lost=`` and ``targets``: a list is as good as a tuple (a declaration error
+    would keep the whole fix from applying), and naming models changes nothing hotfix status says."""
+    class Named(Patch):
+        name = "unit-named-lost"
+        mechanisms = (Mechanism("m", {"wrapt": ">=1"}, lost=(Lost({"wrapt": ">=1"}, "the layer drops its cache",
+                                                                   model_types),)),)
+
+    fix = Named()
+    assert fix.declaration_error() is None and fix.check().applies
+    assert fix.uncovered_here().endswith(": the layer drops its cache: m broken here, and hotfix cannot restore it")

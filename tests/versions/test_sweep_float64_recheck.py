@@ -13,17 +13,11 @@ the float64 run could not run ("Image features and image tokens do not match"): 
 
 from __future__ import annotations
 
-import pytest
-
 from conftest import run_sweep
 
 
-@pytest.mark.parametrize("version, model, recipe", [
-    ("4.56.2", "informer", "full"),  # its own masks follow torch's default dtype
-    ("5.23.0", "deepseek_ocr2", "lora"),  # its batch is fitted to the model by a float32 forward
-])
-def test_a_rounding_sized_float32_difference_is_settled_in_float64(tmp_path, version, model, recipe):
-    rows = run_sweep(tmp_path, version, model, recipe, "torch")
+def test_a_rounding_sized_float32_difference_is_settled_in_float64(tmp_path):
+    rows = run_sweep(tmp_path, "4.56.2", "informer", "full", "torch")
     assert sorted(r["hotfix"] for r in rows) == [False, True], rows
     for row in rows:
         fp32 = row["modes"]["reentrant"]
@@ -33,3 +27,13 @@ def test_a_rounding_sized_float32_difference_is_settled_in_float64(tmp_path, ver
         assert row["float64"]["reentrant"]["max_error"] < 1e-10, row
         assert row["result"] == "pass", row
         assert row["modes"]["non-reentrant"]["status"] == "equal", row
+
+
+def test_a_model_whose_batch_is_fitted_to_it_runs_in_float64(tmp_path):
+    """The float64 run itself (what the re-check starts), so the test does not hang on whether float32 rounding
+    crosses the tolerance on this machine."""
+    rows = run_sweep(tmp_path, "5.23.0", "deepseek_ocr2", "lora", "torch", dtype="float64")
+    assert sorted(r["hotfix"] for r in rows) == [False, True], rows
+    for row in rows:
+        assert row["dtype"] == "float64" and row["result"] == "pass", row
+        assert row["modes"]["reentrant"]["status"] == "equal" and row["modes"]["reentrant"]["max_error"] < 1e-10, row

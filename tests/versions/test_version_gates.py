@@ -226,6 +226,32 @@ def test_a_release_broken_with_hotfix_must_be_declared_lost_and_a_lost_one_measu
     assert any("5.5.2" in p and "declared lost upstream, but measured fine with hotfix" in p for p in found), found
 
 
+def test_the_lost_gate_holds_per_model_where_a_declaration_names_its_models():
+    """A Gemma-4 cell broken with hotfix is not excused by Gemma-3n's declaration, and Gemma-4's declaration is not
+    satisfied by Gemma-3n's broken cells: each model's cells answer for its own."""
+    from hotfix.patch import Lost, Mechanism
+
+    def row(release, case, hotfix, verdict):
+        return {"dimension": "transformers", "torch": "2.13.0", "mechanism": "m", "release": release, "case": case,
+                "hotfix": hotfix, "verdict": verdict}
+
+    def fix(*lost):
+        return type("Fix", (), {"mechanisms": (Mechanism("m", {"transformers": ">=5.0.0"}, lost=lost),)})()
+
+    gemma3n = Lost({"transformers": ">=5.0.0,<5.6.0"}, "3n", ("gemma3n_text",))
+    gemma4 = Lost({"transformers": ">=5.5.0,<5.5.2"}, "4", ("gemma4",))
+    rows = [row("5.5.1", case, hotfix, "wrong") for case in ("gemma3n_text+cache/full", "gemma4+kv_shared_cache/full")
+            for hotfix in (False, True)]
+    assert gates.problems(rows, [fix(gemma3n, gemma4)]) == []
+    found = gates.problems(rows, [fix(gemma3n)])
+    assert found == ["m: transformers 5.5.1 (torch 2.13.0) is broken with hotfix (gemma4), but the mechanism does not "
+                     "declare it lost there (hotfix status would not say NOT COVERED)"], found
+    rows = [r if "gemma3n" in r["case"] or not r["hotfix"] else dict(r, verdict="equal") for r in rows]
+    found = gates.problems(rows, [fix(gemma3n, gemma4)])
+    assert found == ["m: transformers 5.5.1 (torch 2.13.0) is declared lost upstream for gemma4, but measured fine "
+                     "with hotfix"], found
+
+
 def test_where_two_lost_declarations_hold_one_release_a_cell_gets_the_reason_of_its_own_model():
     """Gemma-3n (5.0 - 5.5) and Gemma-4 (5.5.0 - 5.5.1) both lose their shared keys/values on 5.5.0: the page's
     reason for a Gemma-4 cell is Gemma-4's (it printed Gemma-3n's, the first declaration holding the release)."""

@@ -174,14 +174,16 @@ def lab_row(case: str, result: Dict, version: str, hotfix: bool, function: str) 
     return _row("transformers", version, function, f"lab/{case}", hotfix, verdict, detail)
 
 
-def model_type_of(case: str) -> str:
-    """The transformers model type a case measures: ``gemma4+kv_shared_cache/full`` -> ``gemma4``."""
-    return case.split("/")[0].split("+")[0]
+def model_type_of(case: str) -> Optional[str]:
+    """The transformers model type a case measures (``gemma4+kv_shared_cache/full`` -> ``gemma4``), or None for
+    the cases that build no model type of their own (``lab/...``, ``zoo/...``, ``compile/...``)."""
+    head = case.split("/")[0]
+    return None if head in ("lab", "zoo", "compile") or "/" not in case else head.split("+")[0]
 
 
 def absent_row(model: str, recipe: str, version: str, hotfix: bool, function: str) -> Dict:
     return _row("transformers", version, function, f"{model}/{recipe}", hotfix, "n/a",
-                f"absent: transformers {version} has no model type {model_type_of(model)}")
+                f"absent: transformers {version} has no model type {model.split('+')[0]}")
 
 
 def zoo_row(case: str, result: Dict, zoo: str, transformers: str, hotfix: bool) -> Dict:

@@ -13,7 +13,8 @@ A declared range is equal to the evidence when:
   fixed the mechanism), the range ends there: none of those releases is inside it;
 * every release inside the range measured broken with hotfix is one the mechanism declares ``lost``
   (``hotfix.patch.Lost``: upstream drops its state before the fix sees it; ``hotfix status`` says "NOT
-  COVERED" there), and every release it declares lost that was measured is broken with hotfix.
+  COVERED" there), and every release it declares lost that was measured is broken with hotfix; both per
+  model where a declaration names its models (``Lost.model_types``: Gemma-4's cells answer for Gemma-4's).
 
 ``problems(rows, patches)`` lists every disagreement, one sentence each (tests/versions/test_version_gates.py);
 the compile column declares no range: ``compile_problems(rows)`` lists every compile case where hotfix
@@ -59,6 +60,7 @@ def _holds(ranges, dimension: str, release: str) -> bool:
 
 
 def problems(rows: Iterable[Dict], patches) -> List[str]:
+    rows = list(rows)
     declared = _declared(patches)
     found = verdicts(rows)
     out: List[str] = []
@@ -74,13 +76,6 @@ def problems(rows: Iterable[Dict], patches) -> List[str]:
             continue
         inside = _holds(mechanism.affected, dimension, release)
         upstream, fixed = states["upstream"], states["hotfix"]
-        lost = _lost_at(mechanism, dimension, release) is not None
-        if fixed == "broken" and inside and not lost:
-            out.append(f"{name}: {dimension} {release} (torch {torch}) is broken with hotfix, but the mechanism does "
-                       f"not declare it lost there (hotfix status would not say NOT COVERED)")
-        if lost and fixed == "fine":
-            out.append(f"{name}: {dimension} {release} (torch {torch}) is declared lost upstream, but measured fine "
-                       f"with hotfix")
         series.setdefault((dimension, torch, name), []).append((Version(release), release, upstream))
         if upstream == "broken" and not inside and not _holds(mechanism.unreached, dimension, release):
             out.append(f"{name}: {dimension} {release} (torch {torch}) is broken upstream but outside the declared "
@@ -100,6 +95,37 @@ def problems(rows: Iterable[Dict], patches) -> List[str]:
         if inside_after:
             out.append(f"{name}: fixed upstream from {dimension} {fixed_from} (torch {torch}; every measured release "
                        f"after is fine), but the range still holds {', '.join(inside_after)}")
+    return out + _lost_problems(rows, declared)
+
+
+def _lost_problems(rows: List[Dict], declared: Dict[str, object]) -> List[str]:
+    """The gate on ``Mechanism.lost``, per model: the cells of a model broken with hotfix inside the range are
+    declared lost for that model (or for any), and each declaration holding a measured release is measured broken
+    with hotfix there, over the cells of the models it names (every cell of the mechanism where it names none)."""
+    from cells import model_type_of
+
+    with_hotfix: Dict[tuple, List[str]] = {}  # (dimension, torch, mechanism, release, model type) -> verdicts
+    for row in rows:
+        if row["hotfix"] and row["dimension"] in DISTRIBUTION and row["mechanism"] in declared:
+            key = (row["dimension"], row["torch"], row["mechanism"], row["release"], model_type_of(row.get("case", "")))
+            with_hotfix.setdefault(key, []).append(row["verdict"])
+    out: List[str] = []
+    for (dimension, torch, name, release, model), found in sorted(with_hotfix.items(), key=str):
+        mechanism = declared[name]
+        if state(found) == "broken" and DISTRIBUTION[dimension] in mechanism.affected \
+                and _holds(mechanism.affected, dimension, release) and _lost_at(mechanism, dimension, release, model) is None:
+            out.append(f"{name}: {dimension} {release} (torch {torch}) is broken with hotfix{f' ({model})' if model else ''}, "
+                       f"but the mechanism does not declare it lost there (hotfix status would not say NOT COVERED)")
+    for dimension, torch, name, release in sorted({key[:4] for key in with_hotfix}):
+        for lost in declared[name].lost:
+            if not _holds(lost.affected, dimension, release):
+                continue
+            found = [verdict for key, verdicts_ in with_hotfix.items() if key[:4] == (dimension, torch, name, release)
+                     and (not lost.model_types or key[4] in lost.model_types) for verdict in verdicts_]
+            if state(found) == "fine":
+                models = f" for {', '.join(lost.model_types)}" if lost.model_types else ""
+                out.append(f"{name}: {dimension} {release} (torch {torch}) is declared lost upstream{models}, but measured "
+                           f"fine with hotfix")
     return out
 
 

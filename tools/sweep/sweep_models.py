@@ -7,7 +7,7 @@
     python tools/sweep/sweep_models.py --versions 4.56.2 --models bert,whisper
     python tools/sweep/sweep_models.py --render-only        # rebuild docs/sweep.md from docs/sweep-results/
     python tools/sweep/sweep_models.py --dtype float64      # .sweep/results-float64.jsonl and .sweep/results-float64.md
-                                                      # model, inputs and default dtype in float64
+                                                      # model, inputs and (in the steps) default dtype in float64
 
 For every transformers release asked for (installed side by side in
 ``.matrix/transformers-<v>`` by scripts/test.sh) and for hotfix off
@@ -259,7 +259,7 @@ def main(argv=None) -> int:
                    help="checkpoint functions, comma list of %s (default: all; --fast: torch)" % ",".join(FUNCTION_MODES))
     p.add_argument("--function", default="torch", choices=tuple(FUNCTION_MODES), help=argparse.SUPPRESS)
     p.add_argument("--dtype", choices=("float32", "float64"), default="float32",
-                   help="model, float inputs and torch's default dtype (every run re-measures rounding-sized "
+                   help="model, float inputs and torch's default dtype in the steps (every run re-measures rounding-sized "
                         "float32 differences in float64 by itself: sweep_rounding)")
     p.add_argument("--jobs", type=int, default=1, help="(release, hotfix on/off) workers run at once (default 1)")
     args = p.parse_args(argv)
