@@ -104,36 +104,40 @@ def _lost_problems(rows: List[Dict], declared: Dict[str, object]) -> List[str]:
     with hotfix there, over the cells of the models it names (every cell of the mechanism where it names none)."""
     from cells import model_type_of
 
-    with_hotfix: Dict[tuple, List[str]] = {}  # (dimension, torch, mechanism, release, model type) -> verdicts
-    for row in rows:
+    with_hotfix: Dict[tuple, Dict[Optional[str], List[str]]] = {}  # (dimension, torch, mechanism, release) ->
+    for row in rows:                                                 # model type -> verdicts
         if row["hotfix"] and row["dimension"] in DISTRIBUTION and row["mechanism"] in declared:
-            key = (row["dimension"], row["torch"], row["mechanism"], row["release"], model_type_of(row.get("case", "")))
-            with_hotfix.setdefault(key, []).append(row["verdict"])
+            models = with_hotfix.setdefault((row["dimension"], row["torch"], row["mechanism"], row["release"]), {})
+            models.setdefault(model_type_of(row.get("case", "")), []).append(row["verdict"])
     out: List[str] = []
-    for (dimension, torch, name, release, model), found in sorted(with_hotfix.items(), key=str):
+    for (dimension, torch, name, release), models in sorted(with_hotfix.items()):
         mechanism = declared[name]
-        if state(found) == "broken" and DISTRIBUTION[dimension] in mechanism.affected \
-                and _holds(mechanism.affected, dimension, release) and _lost_at(mechanism, dimension, release, model) is None:
-            out.append(f"{name}: {dimension} {release} (torch {torch}) is broken with hotfix{f' ({model})' if model else ''}, "
-                       f"but the mechanism does not declare it lost there (hotfix status would not say NOT COVERED)")
-    for dimension, torch, name, release in sorted({key[:4] for key in with_hotfix}):
-        for lost in declared[name].lost:
-            if not _holds(lost.affected, dimension, release):
-                continue
-            found = [verdict for key, verdicts_ in with_hotfix.items() if key[:4] == (dimension, torch, name, release)
-                     and (not lost.model_types or key[4] in lost.model_types) for verdict in verdicts_]
-            if state(found) == "fine":
-                models = f" for {', '.join(lost.model_types)}" if lost.model_types else ""
-                out.append(f"{name}: {dimension} {release} (torch {torch}) is declared lost upstream{models}, but measured "
+        for model, found in sorted(models.items(), key=str):
+            if state(found) == "broken" and DISTRIBUTION[dimension] in mechanism.affected \
+                    and _holds(mechanism.affected, dimension, release) \
+                    and _lost_at(mechanism, dimension, release, model) is None:
+                out.append(f"{name}: {dimension} {release} (torch {torch}) is broken with hotfix"
+                           f"{f' ({model})' if model else ''}, but the mechanism does not declare it lost there "
+                           f"(hotfix status would not say NOT COVERED)")
+        for lost in mechanism.lost:
+            found = [verdict for model, verdicts_ in models.items() if _names(lost, model) for verdict in verdicts_]
+            if _holds(lost.affected, dimension, release) and state(found) == "fine":
+                named = f" for {', '.join(lost.model_types)}" if lost.model_types else ""
+                out.append(f"{name}: {dimension} {release} (torch {torch}) is declared lost upstream{named}, but measured "
                            f"fine with hotfix")
     return out
+
+
+def _names(lost, model_type: Optional[str]) -> bool:
+    """Is a cell of ``model_type`` one ``lost`` is about (it names that model, or no model)?"""
+    return not lost.model_types or model_type in lost.model_types
 
 
 def _lost_at(mechanism, dimension: str, release: str, model_type: Optional[str] = None):
     """The mechanism's ``Lost`` declaration that holds ``release`` of ``dimension`` (and, given ``model_type``,
     names that model or any model), or None."""
     return next((lost for lost in mechanism.lost if _holds(lost.affected, dimension, release)
-                 and (model_type is None or not lost.model_types or model_type in lost.model_types)), None)
+                 and (model_type is None or _names(lost, model_type))), None)
 
 
 def lost_reason(mechanism_name: str, dimension: str, release: str, patches, model_type: Optional[str] = None
