@@ -14,7 +14,7 @@ on the next run).
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, Iterable, List, Optional, Tuple
 
 #: (model type, recipe, mechanism): one per mechanism of the fixes, several where models differ
 CELLS: List[Tuple[str, str, str]] = [
@@ -67,6 +67,24 @@ COMPILE_CASES: List[Tuple[str, str]] = [
 #: dynamo's counts a compile row keeps: hotfix on must equal hotfix off
 COMPILE_COUNTS = ("graphs", "breaks", "frames", "recompiles")
 
+#: the verdicts that count as broken (the pages' *broken*; a row with one and hotfix on must say why)
+BROKEN = ("wrong", "crash", "guard", "late")
+
+
+def state(verdicts: Iterable[str]) -> str:
+    """One word for a set of cell verdicts: broken beats unmeasured beats fine; n/a only when all are."""
+    found = set(verdicts)
+    if not found:
+        return "–"
+    if found & set(BROKEN):
+        return "broken"
+    if "error" in found:
+        return "error"
+    if found <= {"n/a"}:
+        return "n/a"
+    return "fine"
+
+
 #: (case, release) -> why a cell stays broken with hotfix: each such row of docs/versions.md says it
 #: (tests/versions/test_version_gates.py fails on one without)
 BROKEN_WITH_HOTFIX = {
@@ -105,7 +123,7 @@ COMPILE_BROKEN_WITH_HOTFIX = {
 }
 #: torch lines where hotfix breaks torch.compile that upstream runs: open defects, listed on the page.
 #: None since 2026-11-27: 2.6 / 2.7 failed dynamo's guard check with hotfix until the checkpoint slot
-#: became a property (patches/_checkpoint_slot.py; tests/versions/test_torch_lines.py runs 2.7.1)
+#: became a property (hotfix/checkpointing/slot.py; tests/versions/test_torch_lines.py runs 2.7.1)
 COMPILE_OPEN_DEFECTS: Tuple[str, ...] = ()
 
 

@@ -1,7 +1,7 @@
 """The census rows against the ranges each fix declares (``Mechanism.affected`` / ``fixed_in``).
 
 Per (dimension, torch, mechanism, release) the census gives an upstream state and a with-hotfix state
-(render.state: broken / fine / n/a / error over the mechanism's cells and both checkpoint functions).
+(cells.state: broken / fine / n/a / error over the mechanism's cells and both checkpoint functions).
 A declared range is equal to the evidence when:
 
 * every release measured broken upstream is inside the range, unless the mechanism declares it
@@ -28,7 +28,8 @@ from typing import Dict, Iterable, List, Optional, Tuple
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from render import state
+from cells import state
+from releases import builtin_fixes  # noqa: F401  (gates.builtin_fixes: tests/versions/test_version_gates.py)
 
 DISTRIBUTION = {"transformers": "transformers", "unsloth-zoo": "unsloth-zoo"}
 
@@ -39,14 +40,6 @@ def verdicts(rows: Iterable[Dict]) -> Dict[Tuple[str, str, str, str], Dict[str, 
         key = (row["dimension"], row["torch"], row["mechanism"], row["release"])
         grouped.setdefault(key, {False: [], True: []})[row["hotfix"]].append(row["verdict"])
     return {key: {"upstream": state(found[False]), "hotfix": state(found[True])} for key, found in grouped.items()}
-
-
-def builtin_fixes() -> List[object]:
-    """The fixes hotfix-checkpoint itself ships (third-party fixes declare their own ranges)."""
-    import hotfix
-
-    return [patch for key, patch in hotfix.known_patches().items()
-            if hotfix.registry.sources.get(key) == hotfix.DISTRIBUTION]
 
 
 def _declared(patches) -> Dict[str, object]:

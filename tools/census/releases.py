@@ -58,11 +58,17 @@ def _final(version: str) -> bool:
     return not (parsed.is_prerelease or parsed.is_devrelease)
 
 
+def builtin_fixes() -> List[object]:
+    """The fixes hotfix-checkpoint itself ships (third-party fixes declare their own ranges)."""
+    import hotfix
+
+    return [patch for key, patch in hotfix.known_patches().items()
+            if hotfix.registry.sources.get(key) == hotfix.DISTRIBUTION]
+
+
 def declared_bounds(distribution: str) -> List[str]:
     """Every version where a built-in fix's declared range for ``distribution`` starts or ends, sorted."""
     from packaging.specifiers import SpecifierSet
-
-    from gates import builtin_fixes
 
     found = set()
     for patch in builtin_fixes():

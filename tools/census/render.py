@@ -5,31 +5,19 @@ from __future__ import annotations
 import os
 import platform
 from pathlib import Path
-from typing import Dict, Iterable, List
+from typing import Dict, List
 
 from packaging.version import Version
 
+import boundaries
 import cells
+import gates
 import releases
+from cells import BROKEN, state
 
-BROKEN = ("wrong", "crash", "guard", "late")
 TRANSFORMERS_MECHANISMS = ["keyword-tensors", "nested-outputs", "shared-mapping", "cache-contents", "unused-outputs",
                            "frozen-layer-inputs", "in-place-on-leaf", "tuple-embeddings"]
 ZOO_MECHANISMS = ["closure-tensors", "frozen-first-input", "late-offload"]
-
-
-def state(verdicts: Iterable[str]) -> str:
-    """One word for a set of cell verdicts: broken beats unmeasured beats fine; n/a only when all are."""
-    found = set(verdicts)
-    if not found:
-        return "–"
-    if found & set(BROKEN):
-        return "broken"
-    if "error" in found:
-        return "error"
-    if found <= {"n/a"}:
-        return "n/a"
-    return "fine"
 
 
 def _cell(rows: List[Dict]) -> str:
@@ -88,8 +76,6 @@ OTHER_EVIDENCE = {
 
 def _gates(rows: List[Dict]) -> List[str]:
     """The declared ranges beside what the rows measured (tests/versions/test_version_gates.py checks them)."""
-    import gates
-
     out = ["## Declared ranges (the version gates)", "",
            "Each fix applies where one of its mechanisms' declared ranges holds the installed version "
            "(`hotfix status --verbose`). *measured broken upstream*: the releases of this page where the "
@@ -110,7 +96,7 @@ def _gates(rows: List[Dict]) -> List[str]:
     for (dimension, _torch, name, release), states in sorted(verdicts.items()):
         if states["upstream"] == "broken" and release not in broken.setdefault(name, []):
             broken[name].append(release)
-    for fix in gates.builtin_fixes():
+    for fix in releases.builtin_fixes():
         for mechanism in fix.mechanisms:
             ranges = "; ".join(f"{dist} {spec}" for dist, spec in mechanism.affected.items())
             ranges += "".join(f" (not reached: {dist} {spec})" for dist, spec in mechanism.unreached.items())
@@ -198,9 +184,7 @@ def _torch_lines(rows: List[Dict]) -> List[str]:
 
 def _lost(row: Dict) -> str:
     """Where the row's mechanism declares its release lost upstream: that reason, as hotfix status words it."""
-    import gates
-
-    why = gates.lost_reason(row["mechanism"], row["dimension"], row["release"], gates.builtin_fixes(),
+    why = gates.lost_reason(row["mechanism"], row["dimension"], row["release"], releases.builtin_fixes(),
                             cells.model_type_of(row["case"]))
     return f"declared lost upstream (`hotfix status` says NOT COVERED): {why}" if why else ""
 
@@ -208,8 +192,6 @@ def _lost(row: Dict) -> str:
 def _boundaries(rows: List[Dict], torch: str) -> List[str]:
     """The bisect of tools/census/boundaries.py under ``torch``: each line's first patch release against its last,
     and where they disagree, those cells on every release between."""
-    import boundaries
-
     found = boundaries.lines(rows, torch)
     checked = [line for line in found if line.measured]
     if not checked:
