@@ -1,62 +1,71 @@
 """Ships the start-up files at the root of site-packages, in wheels and editable installs.
 
-setuptools has no declarative way to put a file beside the packages, so
-build_py copies boot/hotfix-checkpoint.pth and .start into the build tree (the
-wheel).  An editable install (``pip install -e .``) gets a .pth of its own that
-runs boot/_hotfix_boot.py from the checkout with the checkout as hotfix's home,
-so a checkout starts up exactly as an install does.
+setuptools has no declarative way to put a file beside the packages, so build_py writes them into
+the build tree (the wheel): ``_hotfix_boot.py`` (a copy of hotfix/startup/boot.py, the start-up
+hook), ``hotfix-checkpoint.pth`` (one line that loads it by its location and boots) and
+``hotfix-checkpoint.start`` (Python >= 3.15).  An editable install (``pip install -e .``) gets a
+.pth of its own that runs hotfix/startup/boot.py from the checkout with the checkout as hotfix's
+home, so a checkout starts up exactly as an install does.  The file names and the .pth line are the
+start-up hook's own (``startup_line``), read from it here: defined once.
 """
 
+import importlib.util
 import os
 
 from setuptools import setup
 from setuptools.command.build_py import build_py
 from setuptools.command.editable_wheel import editable_wheel
 
-STARTUP_FILES = ("hotfix-checkpoint.pth", "hotfix-checkpoint.start")
 ROOT = os.path.dirname(os.path.abspath(__file__))
+BOOT_SOURCE = os.path.join(ROOT, "hotfix", "startup", "boot.py")
+
+
+def _boot_module():
+    """hotfix/startup/boot.py, loaded by its path (standard library only: setup.py imports no hotfix)."""
+    spec = importlib.util.spec_from_file_location("_hotfix_boot_for_setup", BOOT_SOURCE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+BOOT = _boot_module()
+#: the .pth line of a wheel: the boot module beside it in site-packages, hotfix in the same folder
+WHEEL_LINE = BOOT.startup_line(
+    'os.path.join(sitedir, "%s.py")' % BOOT.BOOT_MODULE, "None",
+    "%s is damaged: %%s is missing; hotfix is off. Repair: %s" % (BOOT.DISTRIBUTION, BOOT.REINSTALL))
+
+
+def editable_line(root):
+    """The editable install's .pth line: the checkout's boot module, the checkout as hotfix's home.  The
+    checkout may be moved or deleted after the install: then one line says so, not a traceback."""
+    return BOOT.startup_line(
+        repr(os.path.join(root, "hotfix", "startup", "boot.py")), repr(root),
+        "%s is installed in editable mode from %s, but %%s is missing (the checkout moved or was deleted); hotfix "
+        "is off. Repair: pip install -e <the checkout>, or pip uninstall %s" % (BOOT.DISTRIBUTION, root,
+                                                                              BOOT.DISTRIBUTION))
 
 
 class build_py_with_startup_files(build_py):
+    def _startup_files(self):
+        return {BOOT.BOOT_MODULE + ".py": None, BOOT.PTH_FILE: WHEEL_LINE, BOOT.START_FILE: BOOT.START_ENTRY + "\n"}
+
     def run(self):
         super().run()
         if self.editable_mode:
             return  # the editable wheel carries its own .pth (below)
-        for name in STARTUP_FILES:
-            self.copy_file(os.path.join("boot", name), os.path.join(self.build_lib, name))
+        for name, text in self._startup_files().items():
+            target = os.path.join(self.build_lib, name)
+            if text is None:
+                self.copy_file(BOOT_SOURCE, target)
+            else:
+                with open(target, "w") as handle:
+                    handle.write(text)
 
     def get_outputs(self, include_bytecode=True):
         outputs = list(super().get_outputs(include_bytecode))
         if self.editable_mode:
             return outputs
-        return outputs + [os.path.join(self.build_lib, name) for name in STARTUP_FILES]
-
-
-# What an editable install's .pth runs (one line: `exec` of this text).  The checkout
-# may be moved or deleted after the install: then one line says so, not a traceback.
-# In a venv Python reads site-packages twice (lib64 -> lib), hence the guard.
-EDITABLE_START = """\
-import os, sys, _frozen_importlib as bootstrap, _frozen_importlib_external as external
-root, boot = {root!r}, {boot!r}
-if "_hotfix_boot" in sys.modules:
-    pass  # run already by this .pth, read a second time
-elif os.path.isfile(boot):
-    spec = external.spec_from_file_location("_hotfix_boot", boot)
-    module = sys.modules["_hotfix_boot"] = bootstrap.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    module.boot(root)
-else:
-    sys.modules["_hotfix_boot"] = None  # said once
-    sys.stderr.write("hotfix: hotfix-checkpoint is installed in editable mode from %s, but %s is missing (the "
-                     "checkout moved or was deleted); hotfix is off. Repair: pip install -e <the checkout>, or "
-                     "pip uninstall hotfix-checkpoint\\n" % (root, boot))
-"""
-
-
-def editable_startup_line(root):
-    """The editable install's .pth line: EDITABLE_START with the checkout's boot/_hotfix_boot.py and root."""
-    boot = os.path.join(root, "boot", "_hotfix_boot.py")
-    return "import sys; exec(%r)\n" % EDITABLE_START.format(boot=boot, root=root)
+        return outputs + [os.path.join(self.build_lib, name) for name in self._startup_files()]
 
 
 class _StrategyWithStartupFile:
@@ -74,7 +83,7 @@ class _StrategyWithStartupFile:
 
     def __call__(self, wheel, files, mapping):
         self._strategy(wheel, files, mapping)
-        wheel.writestr(STARTUP_FILES[0], editable_startup_line(ROOT).encode())
+        wheel.writestr(BOOT.PTH_FILE, editable_line(ROOT).encode())
 
 
 class editable_wheel_with_startup_file(editable_wheel):

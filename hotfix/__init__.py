@@ -3,7 +3,7 @@
 Importing hotfix activates it (unless ``HOTFIX_DISABLE`` is set): the card's
 "``import hotfix`` before or after unsloth/transformers" contract.  The one
 place that activates is :mod:`hotfix.auto`, imported by the last line of this
-file; the start-up hook (``boot/_hotfix_boot.py``, installed as a ``.pth``
+file; the start-up hook (``hotfix/startup/boot.py``, run by a ``.pth``
 file) reaches it the same way on the first import of transformers, unsloth or
 unsloth_zoo.  Every other module of the package only defines things.
 """
@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import List
 
-#: the start-up hook tells hotfix-checkpoint from a user's own module named hotfix by this line;
-#: hotfix.registry reads it while this file runs, so it comes before the imports
-DISTRIBUTION = "hotfix-checkpoint"
+#: the distribution's name; the start-up hook tells hotfix-checkpoint's hotfix/ from a user's own module named
+#: hotfix by this line (within the file's first 4 KiB: boot.MARKER)
+from hotfix.startup.boot import DISTRIBUTION  # noqa: E402,F401  (hotfix.DISTRIBUTION)
 
 
 def _fixes_beside_a_checkout() -> None:
@@ -44,7 +44,8 @@ def _fixes_beside_a_checkout() -> None:
 
 _fixes_beside_a_checkout()
 
-from hotfix.patch import Lost, Mechanism, Patch, Verdict  # noqa: E402
+from hotfix.declarations import Lost, Mechanism, Verdict  # noqa: E402
+from hotfix.patch import Patch  # noqa: E402
 from hotfix.registry import ENTRY_POINT_GROUP, registry  # noqa: E402
 
 __all__ = ["Patch", "Mechanism", "Lost", "Verdict", "activate", "revert", "known_patches", "ENTRY_POINT_GROUP",

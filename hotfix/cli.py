@@ -14,11 +14,13 @@ import os
 import sys
 from typing import List, Optional
 
-from hotfix.config import DISABLE_VAR, DISABLED_PATCHES_VAR
+from hotfix.config import DISABLE_VAR, DISABLED_PATCHES_VAR, normalize_patch_name
 from hotfix.diagnostics.compare import short_error
 from hotfix.diagnostics.step import CheckerError
-from hotfix.diagnostics.startup import startup_hook
+from hotfix.quiet_stdout import QuietWhenReaderGone
 from hotfix.registry import registry
+from hotfix.startup.status import startup_hook
+from hotfix.status import fix_statuses
 from hotfix.versions import REPORTED_LIBRARIES, reader
 
 
@@ -43,35 +45,8 @@ def _import_targets(patches) -> dict:
     return problems
 
 
-def _state(patch, opted_out: bool, problems: dict) -> str:
-    """One phrase: what this fix is doing in this process, and what it does NOT COVER here."""
-    if opted_out:
-        return "opted out"
-    invalid = patch.declaration_error()
-    if invalid:
-        return f"NOT APPLIED: {invalid}"
-    uncovered = patch.uncovered_here()  # older than the fix reaches, or state upstream drops before it
-    if not patch.applied and not patch.check().applies:
-        return f"NOT COVERED here: {uncovered}" if uncovered else "not needed here"
-    doing = _doing(patch, problems)
-    return f"{doing}; NOT COVERED here: {uncovered}" if uncovered else doing
-
-
-def _doing(patch, problems: dict) -> str:
-    """Where a fix belongs here: applied, or why not yet."""
-    if patch.applied:
-        return "APPLIED to " + ", ".join(patch.applied_targets)
-    if patch.last_error:
-        return patch.last_error
-    failed = [problems[t] for t in patch.targets if t in problems]
-    if failed:
-        return "target failed to import: " + "; ".join(failed)
-    if not registry.active:
-        return "not applied (hotfix inactive)"
-    return "waiting for " + ", ".join(patch.targets) + " to be imported"
-
-
 def status(import_targets: bool = True, out=None, verbose: bool = False) -> int:
+    """``hotfix status``: the rendering of ``hotfix.status.fix_statuses`` and what surrounds it."""
     out = out or sys.stdout
     import hotfix
 
@@ -87,12 +62,13 @@ def status(import_targets: bool = True, out=None, verbose: bool = False) -> int:
           + f"  {DISABLED_PATCHES_VAR}={os.environ.get(DISABLED_PATCHES_VAR, '')!r}")
     for error in registry.load_errors.values():
         write(f"failed to load: {error}")
+    for waiting in registry.waiting.values():
+        write(f"not loaded yet: {waiting}")
     write("patches:")
-    for key, patch in sorted(patches.items()):
-        source = registry.sources.get(key) or "unknown distribution"
-        write(f"  {patch.name}: {_state(patch, registry.is_opted_out(patch), problems)}  (from {source})")
+    for fix in fix_statuses(registry, problems):
+        write(f"  {fix.name}: {fix.state}  (from {fix.source})")
         if verbose:
-            _describe(patch, write)
+            _describe(patches[normalize_patch_name(fix.name)], write)
     if not verbose:
         write("(hotfix status --verbose: what each fix repairs, where, and why it applies here or not)")
     return 0
@@ -183,16 +159,6 @@ def _add_check_arguments(p) -> None:
                    help="run the check twice in fresh interpreters, with HOTFIX_DISABLE=1 and with hotfix active")
 
 
-def _check_child(argv: List[str], disabled: bool) -> dict:
-    from hotfix.diagnostics.children import child_env, json_lines, last_line, run_python
-
-    proc = run_python(["-m", "hotfix", "check-model", *argv, "--json"], env=child_env(hotfix=not disabled))
-    found = json_lines(proc.stdout)
-    if found:
-        return dict(found[-1], exit_status=proc.returncode)
-    return {"exit_status": proc.returncode, "safe": False, "verdict": f"child failed: {last_line(proc)}", "modes": []}
-
-
 def check_model_command(args) -> int:
     import json
 
@@ -211,8 +177,10 @@ def check_model_command(args) -> int:
         for flag, value in (("--rtol", args.rtol), ("--floor", args.floor), ("--memory-limit", args.memory_limit)):
             if value is not None:
                 passthrough += [flag, str(value)]
-        results = {"without hotfix (HOTFIX_DISABLE=1)": _check_child(passthrough, True),
-                   "with hotfix": _check_child(passthrough, False)}
+        from hotfix.diagnostics.children import check_model_child
+
+        results = {"without hotfix (HOTFIX_DISABLE=1)": check_model_child(passthrough, disabled=True),
+                   "with hotfix": check_model_child(passthrough, disabled=False)}
         if args.json:
             print(json.dumps(results))
         else:
@@ -258,41 +226,6 @@ def check_model_command(args) -> int:
 INTERRUPTED = 130
 
 
-class _QuietWhenReaderGone:
-    """stdout for a command: once the reader has gone (``hotfix status | head -1``), the rest of the output is
-    dropped instead of raising BrokenPipeError, so the command ends with its own exit status and no traceback.
-
-    The descriptor is pointed at os.devnull, so the interpreter's last flush at exit finds nowhere to fail
-    (the recipe of Python's signal documentation, "Note on SIGPIPE").
-    """
-
-    def __init__(self, stream) -> None:
-        self._stream = stream
-
-    def write(self, text: str) -> int:
-        try:
-            return self._stream.write(text)
-        except BrokenPipeError:
-            self._reader_gone()
-            return len(text)
-
-    def flush(self) -> None:
-        try:
-            self._stream.flush()
-        except BrokenPipeError:
-            self._reader_gone()
-
-    def _reader_gone(self) -> None:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        try:
-            os.dup2(devnull, self._stream.fileno())
-        finally:
-            os.close(devnull)
-
-    def __getattr__(self, name):
-        return getattr(self._stream, name)
-
-
 def _version() -> str:
     """``hotfix --version``: the distribution, its version, where this command runs from, and the Python."""
     import hotfix
@@ -316,7 +249,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     """The ``hotfix`` command; returns its exit status (argparse exits with 2 on a usage error)."""
     stdout = sys.stdout
     if stdout is not None:  # None under pythonw: print() already writes nowhere
-        sys.stdout = _QuietWhenReaderGone(stdout)
+        sys.stdout = QuietWhenReaderGone(stdout)
     try:
         return _run(argv)
     except KeyboardInterrupt:

@@ -18,7 +18,7 @@ A value that is not understood never raises: it gets one warning on the
                              silence the "repaired" lines
                              (default: leave the logger as configured)
 
-Parsing only: this module imports nothing of hotfix.
+Parsing only: of hotfix, this module imports the start-up hook's constants alone.
 """
 
 from __future__ import annotations
@@ -30,13 +30,11 @@ from typing import FrozenSet, Mapping, Optional
 
 logger = logging.getLogger("hotfix")
 
-DISABLE_VAR = "HOTFIX_DISABLE"
+from hotfix.startup.boot import DISABLE_VAR, TRUE_VALUES  # the start-up hook reads HOTFIX_DISABLE too
+
 DISABLED_PATCHES_VAR = "HOTFIX_DISABLED_PATCHES"
 LOG_LEVEL_VAR = "HOTFIX_LOG_LEVEL"
 
-# The boot module (_hotfix_boot.py) keeps its own copy of TRUE_VALUES so that it
-# imports nothing; tests/test_activation.py checks that the two agree.
-TRUE_VALUES = frozenset({"1", "true", "yes", "on"})
 FALSE_VALUES = frozenset({"", "0", "false", "no", "off"})
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 

@@ -1,13 +1,13 @@
-"""The contract every fix follows, and the checks that surround it.
+"""The contract every fix follows: its lifecycle, and the checks that surround it.
 
-A concrete fix (one module in ``patches/``) subclasses :class:`Patch`, fills in
-the declarations and writes only ``_apply(module)``.  It changes its target
-through :meth:`Patch.replace` / :meth:`Patch.wrap`, which record the original
-object so that the default ``_revert()`` puts back exactly what was there
-(``is``-identical).  The public :meth:`apply` / :meth:`revert` own everything
-else, as OpenTelemetry's ``BaseInstrumentor`` does: version gate, drift check,
-"already applied", and turning any failure into one log line instead of an
-exception in the user's program.
+A concrete fix (one module in ``patches/``) subclasses :class:`Patch`, fills in the declarations
+(``hotfix.declarations``) and writes only ``_apply(module)``.  It changes its target through
+:meth:`Patch.replace` / :meth:`Patch.wrap`, which record the original object in its ledger
+(``hotfix.ledger``), so that revert puts back exactly what was there (``is``-identical).  The
+public :meth:`apply` / :meth:`revert` own everything else, as OpenTelemetry's ``BaseInstrumentor``
+does: the version gate (``hotfix.gate``), the drift check, "already applied", rollback of a failed
+apply, and turning any failure into one log line instead of an exception in the user's program.
+What a fix relies on in other fixes is bound by the registry at activation (``hotfix.relations``).
 """
 
 from __future__ import annotations
@@ -15,132 +15,20 @@ from __future__ import annotations
 import logging
 import sys
 import threading
-from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
-import wrapt
-from packaging.specifiers import InvalidSpecifier, SpecifierSet
-
+from hotfix import gate, relations
+from hotfix.declarations import Lost, Mechanism, Verdict, declaration_problems
+from hotfix.gate import check_range
+from hotfix.ledger import Ledger
 from hotfix.notice import repair_notice
-from hotfix.versions import reader, version_in_range
+from hotfix.versions import reader
+
+__all__ = ["Lost", "Mechanism", "Patch", "Verdict", "check_range"]
 
 logger = logging.getLogger("hotfix")
 
-_ABSENT = object()  # marks an attribute the owner did not define itself
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """Whether a patch belongs on this machine, and the sentence saying why."""
-
-    applies: bool
-    reason: str
-
-
-@dataclass(frozen=True)
-class Mechanism:
-    """One way a fix's bug shows, and the releases that have it: declared data, read without importing torch.
-
-    ``affected`` maps each distribution to a PEP 440 specifier set (every entry
-    must match); ``fixed_in`` is the first release without it (None: none yet).
-    ``unreached`` (same form) names releases that have, or may have, the
-    mechanism but that the fix does not act on (older than the code it hooks, or
-    than the releases hotfix supports): ``hotfix status`` says "NOT COVERED"
-    there, never "not needed".  ``lost`` (:class:`Lost`, each with its reason) names
-    releases where upstream drops the mechanism's state before any checkpoint
-    function sees it, so that the fix, applied, cannot restore it: NOT COVERED there
-    too.  The census (tools/census/) measures every release line against these.
-    """
-
-    name: str
-    affected: Mapping[str, str] = field(default_factory=dict)
-    fixed_in: Optional[str] = None
-    summary: str = ""
-    unreached: Mapping[str, str] = field(default_factory=dict)
-    lost: Tuple["Lost", ...] = ()
-
-
-@dataclass(frozen=True)
-class Lost:
-    """Releases where upstream drops a mechanism's state before any checkpoint function sees it (the fix, applied,
-    cannot restore it): ``hotfix status`` and ``hotfix doctor`` say "NOT COVERED" there, with ``reason``."""
-
-    affected: Mapping[str, str]  # distribution -> PEP 440 specifier set, every entry (as Mechanism.affected)
-    reason: str  # what is dropped, where, and the upstream issue
-    # the models whose state is dropped (transformers' config.model_type), () for any: where two declarations hold
-    # one release, the census names the one of the model it measured (hotfix status, not knowing the model, says both)
-    model_types: Tuple[str, ...] = ()  # a list reads the same
-
-
-def _range_problems(ranges: Any, where: str) -> List[str]:
-    """Why ``ranges`` (distribution -> PEP 440 specifier set) cannot be read, one phrase per entry; [] when it can."""
-    if not isinstance(ranges, Mapping):
-        return [f"{where} is a {type(ranges).__name__}, not a mapping of distribution to specifier set"]
-    problems = []
-    for dist, spec in ranges.items():
-        if not isinstance(dist, str) or not dist:
-            problems.append(f"{where} names the distribution {dist!r}, not a distribution name")
-            continue
-        if not _is_specifier_set(spec):
-            problems.append(f"{where} range of {dist} {spec!r} is not a PEP 440 specifier set")
-    return problems
-
-
-def _lost_problems(mechanism: Mechanism) -> List[str]:
-    """Why ``mechanism.lost`` cannot be read, one phrase each; [] when it can."""
-    where = f"mechanism {mechanism.name!r}: lost"
-    if not isinstance(mechanism.lost, (tuple, list)):
-        return [f"{where} is a {type(mechanism.lost).__name__}, not a tuple of hotfix.Lost"]
-    problems = []
-    for index, lost in enumerate(mechanism.lost):
-        if not isinstance(lost, Lost):
-            problems.append(f"{where}[{index}] is a {type(lost).__name__}, not a hotfix.Lost")
-            continue
-        problems += _range_problems(lost.affected, f"{where}[{index}]")
-        if not lost.affected or not isinstance(lost.reason, str) or not lost.reason:
-            problems.append(f"{where}[{index}] needs a range and a reason")
-        if not isinstance(lost.model_types, (tuple, list)) or not all(isinstance(t, str) and t for t in lost.model_types):
-            problems.append(f"{where}[{index}] model_types is {lost.model_types!r}, not a tuple of model type names")
-    return problems
-
-
-def _is_specifier_set(spec: Any) -> bool:
-    """A string that parses as a specifier set (a list some packaging releases accept is not the declared form)."""
-    if not isinstance(spec, str):
-        return False
-    try:
-        SpecifierSet(spec)
-    except InvalidSpecifier:
-        return False
-    return True
-
-
-def check_range(affected: Mapping[str, str]) -> Verdict:
-    """Are the installed versions inside ``affected`` (distribution -> specifier set, every entry)?"""
-    parts, unknown = [], []
-    for dist, spec in affected.items():
-        evidence = reader.evidence(dist)
-        if not evidence.found:
-            return Verdict(False, f"{dist} is not installed")
-        version = evidence.version
-        note = f" ({evidence.problem()})" if evidence.problem() else ""
-        if version is None:
-            unknown.append(f"{dist} version unknown{note}")
-            continue
-        inside = version_in_range(version, spec)
-        if inside is None:
-            return Verdict(False, f"the affected range {spec!r} of {dist} is not a valid specifier")
-        if not inside:
-            return Verdict(False, f"{dist} {version} is outside the affected range {spec}{note}")
-        parts.append(f"{dist} {version} is in the affected range {spec}{note}")
-    if unknown:
-        parts.append("; ".join(unknown) + ": applied where the target's code has the affected shape (drift check)")
-    return Verdict(True, "; ".join(parts) or "no version constraint")
-
-
-def _installed(ranges: Mapping[str, str]) -> str:
-    """The installed version of each distribution ``ranges`` names, as one phrase ("transformers 5.5.1")."""
-    return ", ".join(f"{dist} {reader.evidence(dist).version}" for dist in ranges)
+_UNREAD = object()  # declarations not read yet
 
 
 class Patch:
@@ -163,25 +51,16 @@ class Patch:
     details: str = ""
     #: upstream issue / PR that introduced or tracks the bug
     upstream: str = ""
-    #: first upstream release with the fix, or None when there is none
-    fixed_in: Optional[str] = None
 
     def __init__(self) -> None:
         self._lock = threading.RLock()
         self._applied_targets: List[str] = []
-        self._undo: List[Tuple[Any, str, Any]] = []
-        # (id(owner), attribute) -> the object replace() put there, so that
-        # applying again to the same objects (importlib.reload of a target
-        # that re-imports unchanged objects) never wraps a wrapper.
-        self._installed: Dict[Tuple[int, str], Any] = {}
+        self.ledger = Ledger()
         self._warned: set = set()
+        self._declaration_error: Any = _UNREAD
+        self._relied: Optional[Dict[str, Tuple[Any, ...]]] = None
         self.last_error: Optional[str] = None
-        # Said when the fix is loaded (its module creates this object), not first when its target is imported;
-        # a declaration a subclass completes after this call is read again by check().
-        try:
-            self.declaration_error()
-        except Exception:
-            pass
+        self.declaration_error()  # read once, when the fix is loaded (its module makes this object)
 
     # -- what a concrete patch writes ------------------------------------
     def _apply(self, module: Any) -> None:
@@ -189,15 +68,7 @@ class Patch:
 
     def _revert(self) -> None:
         """Undo every recorded replacement, newest first."""
-        while self._undo:
-            owner, attribute, original = self._undo.pop()
-            if original is _ABSENT:
-                try:
-                    delattr(owner, attribute)
-                except AttributeError:
-                    pass
-            else:
-                setattr(owner, attribute, original)
+        self.ledger.undo()
 
     def drift(self, module: Any) -> Optional[str]:
         """Why ``module`` no longer looks like what this patch was written for.
@@ -209,30 +80,20 @@ class Patch:
 
     # -- tools for ``_apply`` --------------------------------------------
     def replace(self, owner: Any, attribute: str, new: Any) -> Any:
-        """Set ``owner.attribute = new``, remembering what to restore.
+        """Set ``owner.attribute = new``, remembering what to restore (``hotfix.ledger``).
 
         If ``owner.attribute`` is already what this patch installed there, it
         is left alone (and returned): a patch is never stacked on itself.
         """
-        original = owner.__dict__.get(attribute, _ABSENT) if hasattr(owner, "__dict__") else _ABSENT
-        key = (id(owner), attribute)
-        if original is not _ABSENT and self._installed.get(key, _ABSENT) is original:
-            return original
-        setattr(owner, attribute, new)
-        self._undo.append((owner, attribute, original))
-        self._installed[key] = new
-        return new
+        return self.ledger.replace(owner, attribute, new)
 
     def wrap(self, owner: Any, attribute: str, wrapper: Callable) -> Any:
-        """Wrap ``owner.attribute`` with a wrapt ``FunctionWrapper``, set on ``owner`` itself.
+        """Wrap ``owner.attribute`` with a wrapt ``FunctionWrapper`` set on ``owner`` itself (``Ledger.wrap``)."""
+        return self.ledger.wrap(owner, attribute, wrapper)
 
-        The original comes from wrapt's ``resolve_path``, which looks a class
-        attribute up in the ``__dict__`` along the MRO instead of binding it:
-        a ``classmethod``/``staticmethod`` (even an inherited one) is wrapped
-        as the descriptor it is, so it binds per call like the original.
-        """
-        _, _, original = wrapt.resolve_path(owner, attribute)
-        return self.replace(owner, attribute, wrapt.FunctionWrapper(original, wrapper))
+    def installed(self, value: Any) -> bool:
+        """Is ``value`` an object this fix put in place (and has not taken back)?"""
+        return self.ledger.installed(value)
 
     def repaired(self, what: str, call: Optional[str] = None) -> None:
         """Tell the user, once per fix and job, that this fix repaired a call (``hotfix.notice``).
@@ -257,95 +118,60 @@ class Patch:
             self._warned.add(key)
         logger.warning("hotfix: %s: %s", self.name, message)
 
+    # -- what it relies on in other fixes (bound by the registry) -----------
+    def bind_reliances(self, relied: Mapping[str, Tuple[Any, ...]]) -> None:
+        """The fixes this one relies on, by where it relies on them (``hotfix.relations.bind``, at activation)."""
+        self._relied = dict(relied)
+
+    def relied_on(self, where: str) -> Tuple[Any, ...]:
+        """The fixes this one relies on at ``where`` (a ``hotfix.relations`` key); each has ``name``, ``applied``,
+        ``targets`` and ``installed()``.  Not bound by a registry: every one of them counts as not applied."""
+        if self._relied is None:
+            self._relied = relations.unbound(self.name)
+        return self._relied.get(where, ())
+
     # -- public API (owns the checks) -----------------------------------
     def declaration_error(self) -> Optional[str]:
         """Why this fix's declarations cannot be read (the fix is then never applied), or None.
 
-        A range that does not parse would otherwise read as "outside the range": the fix silently
-        never applies and ``hotfix status`` says "not needed here".  Said once, as a warning.
+        Read once, when the object is made (the declarations are class attributes); said once, as a warning.
         """
-        problems: List[str] = []
-        if not isinstance(self.targets, (tuple, list)) or not all(isinstance(t, str) and t for t in self.targets):
-            problems.append(f"targets {self.targets!r} is not a tuple of module names")
-        if self.affected or not isinstance(self.affected, Mapping):
-            problems += _range_problems(self.affected, "affected")
-        if isinstance(self.mechanisms, Mechanism):  # the trailing comma of (Mechanism(...),) forgotten
-            problems.append(f"mechanisms is the Mechanism {self.mechanisms.name!r} alone, not a tuple of them")
-        elif not isinstance(self.mechanisms, (tuple, list)):
-            problems.append(f"mechanisms is a {type(self.mechanisms).__name__}, not a tuple of hotfix.Mechanism")
-        else:
-            for index, mechanism in enumerate(self.mechanisms):
-                if not isinstance(mechanism, Mechanism):
-                    problems.append(f"mechanisms[{index}] is a {type(mechanism).__name__}, not a hotfix.Mechanism")
-                    continue
-                problems += _range_problems(mechanism.affected, f"mechanism {mechanism.name!r}: affected")
-                problems += _range_problems(mechanism.unreached, f"mechanism {mechanism.name!r}: unreached")
-                problems += _lost_problems(mechanism)
-        if not problems:
-            return None
-        error = "invalid declaration: " + "; ".join(problems)
-        self.warn_once(error, f"{error}; not applied")
-        return error
+        if self._declaration_error is _UNREAD:
+            error = declaration_problems(self)
+            self._declaration_error = error
+            if error:
+                self.warn_once(error, f"{error}; not applied")
+        return self._declaration_error
 
     def check(self) -> Verdict:
-        """Does this patch belong here?  Decided from the installed versions.
+        """Does this patch belong here?  Decided from the installed versions (``hotfix.gate``).
 
-        With ``mechanisms`` declared, it belongs where any of them is in range
-        (the verdict names them); otherwise ``affected`` decides.  Each version
-        comes from the metadata and the imported module's ``__version__``
-        (``hotfix.versions``).  Where neither gives one that parses, the version
-        cannot rule the patch out: the verdict says so and :meth:`apply` lets
-        the drift check, which reads the target's actual code, decide.
+        Where no version parses, the version cannot rule the patch out: the verdict says so and
+        :meth:`apply` lets the drift check, which reads the target's actual code, decide.
         A declaration that cannot be read never applies (:meth:`declaration_error`).
         """
         error = self.declaration_error()
-        if error:
-            return Verdict(False, error)
-        if not self.mechanisms:
-            return check_range(self.affected)
-        verdicts = [(mechanism.name, check_range(mechanism.affected)) for mechanism in self.mechanisms]
-        inside = [f"{name}: {verdict.reason}" for name, verdict in verdicts if verdict.applies]
-        if inside:
-            return Verdict(True, "; ".join(inside))
-        return Verdict(False, "; ".join(f"{name}: {verdict.reason}" for name, verdict in verdicts))
+        return Verdict(False, error) if error else gate.verdict(self)
 
     def mechanisms_here(self) -> Tuple[Mechanism, ...]:
         """The declared mechanisms whose affected range holds the installed versions."""
-        if self.declaration_error():
-            return ()
-        return tuple(m for m in self.mechanisms if check_range(m.affected).applies)
+        return () if self.declaration_error() else gate.mechanisms_here(self)
 
-    def uncovered_here(self) -> Optional[str]:
-        """Why this fix does not repair here what the installed versions may have, or None.
-
-        ``Mechanism.unreached`` holding the installed versions counts only where the fix does not apply
-        at all (where it applies, the mechanisms it repairs are the news); ``Mechanism.lost``, applied
-        or not: upstream drops that state before the fix sees it.
-        """
-        if self.declaration_error():
-            return None
-        applies = self.check().applies
-        groups: Dict[Tuple[str, str], List[str]] = {}  # (where and why, said once; the verdict) -> mechanism names
-        for mechanism in self.mechanisms:
-            if not applies and mechanism.unreached and check_range(mechanism.unreached).applies:
-                reached = ", ".join(f"{dist} {spec}" for dist, spec in mechanism.affected.items())
-                where = f"{_installed(mechanism.unreached)} is outside what this fix reaches ({reached})"
-                groups.setdefault((where, "may be broken here, unrepaired"), []).append(mechanism.name)
-            for lost in mechanism.lost:
-                if check_range(lost.affected).applies:
-                    where = f"{_installed(lost.affected)}: {lost.reason}"
-                    groups.setdefault((where, "broken here, and hotfix cannot restore it"), []).append(mechanism.name)
-        return "; ".join(f"{where}: {', '.join(names)} {verdict}" for (where, verdict), names in groups.items()) or None
+    def uncovered_here(self, model_type: Optional[str] = None) -> Optional[str]:
+        """Why this fix does not repair here what the installed versions may have (for ``model_type``, where given),
+        or None (``gate.uncovered_here``)."""
+        return None if self.declaration_error() else gate.uncovered_here(self, model_type)
 
     @property
     def distributions(self) -> Tuple[str, ...]:
         """Every distribution a range of this patch names (none where its declarations cannot be read)."""
-        if self.declaration_error():
-            return ()
-        names = dict.fromkeys(self.affected)
-        for mechanism in self.mechanisms:
-            names.update(dict.fromkeys(mechanism.affected))
-        return tuple(names)
+        return () if self.declaration_error() else gate.distributions(self)
+
+    @property
+    def fixed_in(self) -> Optional[str]:
+        """The first upstream release with the fix, or None when there is none: the latest ``fixed_in`` of the
+        mechanisms where each names one (a fix may declare it instead, as a class attribute)."""
+        return None if self.declaration_error() else gate.fixed_in(self)
 
     @property
     def applied(self) -> bool:
@@ -382,11 +208,14 @@ class Patch:
                 self.last_error = f"skipped, target changed: {reason}"
                 logger.warning("hotfix: patch %s skipped: %s doesn't match: %s", self.name, name, reason)
                 return False
-            undo_mark = len(self._undo)
+            mark = self.ledger.mark()
             try:
                 self._apply(module)
             except Exception as exc:
-                self._rollback_to(undo_mark)
+                try:
+                    self.ledger.rollback_to(mark)  # what the failed _apply changed before it raised
+                except Exception:
+                    pass
                 self.last_error = f"apply failed: {exc!r}"
                 logger.warning("hotfix: patch %s failed to apply to %s and was skipped: %r", self.name, name, exc)
                 return False
@@ -401,7 +230,7 @@ class Patch:
     def revert(self) -> bool:
         """Restore every original object; never raises.  True if anything was undone."""
         with self._lock:
-            if not self._applied_targets and not self._undo:
+            if not self._applied_targets and not len(self.ledger):
                 return False
             try:
                 self._revert()
@@ -410,21 +239,8 @@ class Patch:
                 logger.warning("hotfix: patch %s failed to revert: %r", self.name, exc)
                 return False
             self._applied_targets.clear()
-            self._installed.clear()
             logger.info("hotfix: reverted %s", self.name)
             return True
-
-    def _rollback_to(self, mark: int) -> None:
-        """Undo what a failed ``_apply`` managed to change before it raised."""
-        newer = self._undo[mark:]
-        del self._undo[mark:]
-        saved, self._undo = self._undo, newer
-        try:
-            Patch._revert(self)
-        except Exception:
-            pass
-        finally:
-            self._undo = saved
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} applied={self.applied}>"

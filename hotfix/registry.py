@@ -11,31 +11,35 @@ it).  A source checkout run without installing it has no metadata at all: there
 hotfix-checkpoint's own fixes are found by the rule its pyproject table follows
 (``built_in_fixes``; a test holds the two equal).
 
-Each patch is attached with a wrapt post-import hook on every module in its
-``targets``: the hook runs at once if the module is already imported (a
-notebook that imported transformers before hotfix) and otherwise right after
-the module's first import.  wrapt cannot unregister a hook, so the hook asks
-the registry whether it is still active before applying.
+Each patch is attached with a post-import hook on every module in its
+``targets`` (``hotfix.startup.post_import``: wrapt's, waiting for an import in
+flight): the hook runs at once if the module is already imported (a notebook
+that imported transformers before hotfix), once its import has finished where
+it is being imported, and otherwise right after the module's first import.
+wrapt cannot unregister a hook, so the hook asks the registry whether it is
+still active before applying.  A fix whose own module is being imported when
+hotfix activates (it imports hotfix at its top) is loaded once that import has
+finished.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
+import sys
 import threading
 from importlib import metadata
 from typing import Dict, List, Optional, Tuple
 
-import wrapt
 
-from hotfix import DISTRIBUTION
 from hotfix.config import DISABLED_PATCHES_VAR, Settings, normalize_patch_name, read_settings
-from hotfix import reload_watch
+from hotfix import relations
+from hotfix.startup import post_import, reload_watch
 from hotfix.notice import attach_stderr_handler
 from hotfix.patch import Patch
+from hotfix.startup.boot import DISTRIBUTION, ENTRY_POINT_GROUP, is_third_party
 
 logger = logging.getLogger("hotfix")
-
-ENTRY_POINT_GROUP = "hotfix.patches"
 
 
 def declared_fixes() -> Dict[str, Tuple[str, Optional[str]]]:
@@ -49,7 +53,7 @@ def declared_fixes() -> Dict[str, Tuple[str, Optional[str]]]:
     found: Dict[str, Tuple[str, Optional[str]]] = {}
     for ep, distribution in selected:
         found.setdefault(ep.name, (ep.value, distribution))
-    if not any(distribution == DISTRIBUTION for _, distribution in selected):
+    if all(is_third_party(distribution) for _, distribution in selected):
         # hotfix-checkpoint itself is not installed here: a checkout run from its root (`python -m hotfix`)
         for name, value in built_in_fixes().items():
             found.setdefault(name, (value, DISTRIBUTION))
@@ -73,9 +77,17 @@ def built_in_fixes() -> Dict[str, str]:
 
 def _fix_kind(name: str, value: str, distribution: Optional[str]) -> str:
     """How a log line names a fix: hotfix's own, or another distribution's."""
-    if distribution == DISTRIBUTION:
+    if not is_third_party(distribution):
         return f"fix {name!r} ({value})"
     return f"third-party fix {name!r} ({value}) from distribution {distribution or 'unknown'}"
+
+
+def _module_in_flight(value: str) -> Optional[str]:
+    """The outermost module of an entry point's ``module:attr`` (the module or a package above it) whose import
+    is in flight, or None: loading the fix now would read a half-made module."""
+    parts = value.partition(":")[0].strip().split(".")
+    return next((name for name in (".".join(parts[:i + 1]) for i in range(len(parts)))
+                 if post_import.in_flight(name)), None)
 
 
 def _load_entry_point(name: str, value: str) -> Optional[Patch]:
@@ -99,34 +111,61 @@ class Registry:
         self.settings = Settings()
         self.load_errors: Dict[str, str] = {}  # entry point name -> "<how the fix is named>: <error>"
         self.sources: Dict[str, Optional[str]] = {}  # patch key -> the distribution that declared it
+        self.waiting: Dict[str, str] = {}  # entry point name -> "<how the fix is named>: loads once ..."
 
     # -- discovery ----------------------------------------------------------
     def patches(self) -> Dict[str, Patch]:
-        """All loadable patches by name (discovered once per process)."""
+        """All loadable patches by name (discovered once per process; a fix whose module is still being
+        imported joins them once that import has finished: ``waiting``)."""
         with self._lock:
             if self._patches is None:
-                patches: Dict[str, Patch] = {}
+                self._patches = {}
                 try:
                     declared = declared_fixes()
                 except Exception as exc:
                     logger.warning("hotfix: could not read entry points of %s: %r", ENTRY_POINT_GROUP, exc)
                     declared = {}
                 for ep_name, (value, distribution) in sorted(declared.items()):
-                    try:
-                        patch = _load_entry_point(ep_name, value)
-                    except Exception as exc:
-                        self.load_errors[ep_name] = f"{_fix_kind(ep_name, value, distribution)}: {exc!r}"
-                        logger.warning("hotfix: %s could not be loaded and is skipped: %r",
-                                       _fix_kind(ep_name, value, distribution), exc)
+                    importing = _module_in_flight(value)
+                    if importing is None:
+                        self._load(ep_name, value, distribution)
                         continue
-                    key = normalize_patch_name(patch.name)
-                    if key in patches:
-                        logger.warning("hotfix: two patches are named %r; keeping the first (%s)", key, value)
-                        continue
-                    patches[key] = patch
-                    self.sources[key] = distribution
-                self._patches = patches
+                    # Its module imports hotfix at its top and is half made now: load it once that import has
+                    # finished (whether it succeeded or not).
+                    self.waiting[ep_name] = f"{_fix_kind(ep_name, value, distribution)}: loads once {importing} " \
+                                            "has finished importing"
+                    late = functools.partial(self._load_late, ep_name, value, distribution)
+                    post_import.when_imported(importing, lambda module, late=late: late(), failed=lambda name,
+                                              late=late: late())
             return self._patches
+
+    def _load(self, ep_name: str, value: str, distribution: Optional[str]) -> Optional[Patch]:
+        try:
+            patch = _load_entry_point(ep_name, value)
+        except Exception as exc:
+            self.load_errors[ep_name] = f"{_fix_kind(ep_name, value, distribution)}: {exc!r}"
+            logger.warning("hotfix: %s could not be loaded and is skipped: %r",
+                           _fix_kind(ep_name, value, distribution), exc)
+            return None
+        key = normalize_patch_name(patch.name)
+        if key in self._patches:
+            logger.warning("hotfix: two patches are named %r; keeping the first (%s)", key, value)
+            return None
+        self._patches[key] = patch
+        self.sources[key] = distribution
+        return patch
+
+    def _load_late(self, ep_name: str, value: str, distribution: Optional[str]) -> None:
+        """A fix whose module was being imported at discovery, now finished: load it, and attach it if active."""
+        with self._lock:
+            self.waiting.pop(ep_name, None)
+            patch = self._load(ep_name, value, distribution)
+            if patch is None:
+                return
+            relations.bind(self._patches)
+            if self.active and not self.is_opted_out(patch):
+                for target in patch.targets:
+                    self._attach(normalize_patch_name(patch.name), patch, target)
 
     # -- activation ---------------------------------------------------------
     def is_opted_out(self, patch: Patch) -> bool:
@@ -139,7 +178,8 @@ class Registry:
         for name in sorted(self.settings.disabled_patches & set(former)):
             logger.warning("hotfix: %s names %r, the former name of %s; it still works, but use the new name",
                            DISABLED_PATCHES_VAR, name, former[name].name)
-        unknown = sorted(self.settings.disabled_patches - set(patches) - set(former))
+        waiting = {normalize_patch_name(name) for name in self.waiting}  # not loaded yet, named by their entry points
+        unknown = sorted(self.settings.disabled_patches - set(patches) - set(former) - waiting)
         if unknown:
             logger.warning(
                 "hotfix: %s names unknown patch(es) %s; known patches: %s",
@@ -159,6 +199,7 @@ class Registry:
                 return False
             patches = self.patches()
             self._check_opt_out_names(patches)
+            relations.bind(patches)  # what each fix relies on in the others, read once
             self.active = True
             for key, patch in patches.items():
                 if self.is_opted_out(patch):
@@ -166,9 +207,6 @@ class Registry:
                     continue
                 for target in patch.targets:
                     self._attach(key, patch, target)
-            if self._hooked:
-                # importlib.reload of a target re-creates its objects: patch them again.
-                reload_watch.install(self._hooked_targets, self._on_reload)
             return True
 
     def _hooked_targets(self) -> frozenset:
@@ -185,22 +223,23 @@ class Registry:
                     patch.apply(module, reloaded=True)
 
     def _attach(self, key: str, patch: Patch, target: str) -> None:
-        import sys
-
+        """Apply ``patch`` to ``target`` once its import has finished (``post_import``), or now where it has."""
         if (key, target) in self._hooked:
-            # The hook already exists (activate after revert): apply now if
-            # the module is loaded, otherwise the waiting hook will.
+            # The hook already exists (activate after revert): apply now if the module is loaded and whole,
+            # otherwise the waiting hook will.
             module = sys.modules.get(target)
-            if module is not None:
+            if module is not None and not post_import.in_flight(target):
                 self._on_import(patch, module)
             return
         self._hooked.add((key, target))
+        # importlib.reload of a target re-creates its objects: patch them again (one watcher per process).
+        reload_watch.install(self._hooked_targets, self._on_reload)
 
         def hook(module, patch=patch):
             self._on_import(patch, module)
 
         try:
-            wrapt.register_post_import_hook(hook, target)
+            post_import.when_imported(target, hook)
         except Exception as exc:  # e.g. the target raised while importing
             logger.warning("hotfix: could not attach %s to %s: %r", patch.name, target, exc)
 

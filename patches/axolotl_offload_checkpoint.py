@@ -4,13 +4,12 @@ What breaks: ``gradient_checkpointing: offload`` (``unsloth``) and ``offload_dis
 unsloth's first offloading Function, which recompute a layer with its other arguments as the original
 objects and return one gradient: a tensor needing grad passed any other way (by keyword from transformers
 4.52, Whisper, Gemma-3n) is walked again ("Trying to backward through the graph a second time"); a layer
-returning several values fails, and before 0.15.0 (axolotl#3412) one returning a tensor.  With hotfix's
-transformers fixes, axolotl's wrapper reads ``.func`` from hotfix's wrapper of the call, or calls its layer
-(``__self__``, ``_layer_call``) in the wrapper's place.
+returning several values fails, and before 0.15.0 (axolotl#3412) one returning a tensor.  Its wrapper reads
+``decoder_layer.func.__self__``: hotfix's transformers fixes act through this fix's wrappers only (``hotfix.relations``).
 
 How this fixes it: each wrapper (``hf_grad_checkpoint_*``, module attributes axolotl reads when it sets up
 training) is replaced by a function under its name that calls the same Function through
-``_fork_checkpoint.checkpoint_through`` (every input and output connected, axolotl's offload kept); not
+``checkpointing.forks.checkpoint_through`` (every input and output connected, axolotl's offload kept); not
 training, the wrapper as written.  Plain functions (models stay deep-copyable and picklable); revert
 restores the attributes.  docs/fixes/axolotl-offload-checkpoint.md.
 """
@@ -21,7 +20,8 @@ import functools
 import inspect
 from typing import Any, Dict, Optional
 
-from hotfix.patch import Mechanism, Patch
+from hotfix import Mechanism, Patch
+from hotfix.checkpointing import BACKWARD_TWICE
 
 #: the wrappers axolotl sets as transformers' checkpoint (0.5.2 - 0.7.0 call the first the unsloth wrapper)
 WRAPPERS = ("hf_grad_checkpoint_offload_wrapper", "hf_grad_checkpoint_unsloth_wrapper",
@@ -52,7 +52,7 @@ def function_of(module: Any, wrapper: Any) -> Any:
 def _bound_call(function: Any) -> bool:
     """Is ``function`` transformers' own call, a bound method or a partial of one, that axolotl's wrapper reads?
 
-    Not hotfix's wrappers of the call: they show its layer too (``_layer_call``), but axolotl's wrapper calls
+    Not hotfix's wrappers of the call: they show its layer too (``checkpointing.layer_call``), but axolotl's wrapper calls
     that layer in their place (without their lifted inputs or anchor), or reads a ``.func`` they do not have.
     """
     if isinstance(function, functools.partial):
@@ -74,28 +74,19 @@ class AxolotlOffloadCheckpoint(Patch):
                           "copy (0.9.2+) hands a None among them to autograd (Whisper's (hidden, None))"),
         Mechanism("offload-tensor-output", {"axolotl": ">=0.5.2,<0.15.0"}, fixed_in="0.15.0",
                   summary="offload (host): a layer returning a tensor (its backward unpacks a 1-tuple)"),
-        Mechanism("offload-wrapped-call", {"axolotl": ">=0.5.2"},
-                  summary="with hotfix's transformers fixes only: the wrapper reads .func from hotfix's wrapper of "
-                          "the call (AttributeError), or calls its layer in that wrapper's place"),
     )
-    symptom = (
-        "RuntimeError: Trying to backward through the graph a second time - axolotl gradient_checkpointing: "
-        "offload (Whisper, Gemma-3n); ValueError: too many values to unpack (tensor-returning layers)"
-    )
+    symptom = (f"{BACKWARD_TWICE} - axolotl gradient_checkpointing: offload (Whisper, Gemma-3n); "
+               "ValueError: too many values to unpack (tensor-returning layers)")
     upstream = ("axolotl-ai-cloud/axolotl#1528 (the copy, 0.5.2+), #3412 (tensor outputs, 0.15.0); "
                 "monkeypatch/gradient_checkpointing/offload_cpu.py, offload_disk.py")
     fixed_in = None  # 0.19.0 (latest) still has it
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._repairs: frozenset = frozenset()
 
     def _functions(self, module: Any) -> Dict[str, Any]:
         """wrapper name -> the Function it calls, for every wrapper the module has."""
         return {name: function_of(module, getattr(module, name)) for name in WRAPPERS if hasattr(module, name)}
 
     def drift(self, module: Any) -> Optional[str]:
-        from hotfix.patches._fork_checkpoint import function_drift
+        from hotfix.checkpointing.forks import function_drift
 
         functions = self._functions(module)
         if not functions:
@@ -109,17 +100,10 @@ class AxolotlOffloadCheckpoint(Patch):
         return None
 
     def _apply(self, module: Any) -> None:
-        from hotfix.patches._fork_checkpoint import checkpoint_through
-
-        self._repairs = frozenset(m.name for m in self.mechanisms_here())
+        from hotfix.checkpointing.forks import RepairNotice, checkpoint_through
 
         def through(wrapper: Any, cls: Any):
-            repairs = REPAIRS["disk" if cls.__name__ == "Disco" else "host"]
-
-            def notice(what: str) -> None:
-                mechanism = repairs.get(what)
-                if mechanism in self._repairs:
-                    self.repaired(SAID[mechanism])
+            notice = RepairNotice(self, REPAIRS["disk" if cls.__name__ == "Disco" else "host"], SAID)
 
             # A plain function under the wrapper's own name, not a wrapt proxy: the layers hold
             # partial(it, use_reentrant=...), and a model must stay deep-copyable and picklable.

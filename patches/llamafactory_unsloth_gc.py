@@ -7,10 +7,10 @@ backward through the graph a second time", LlamaFactory#10395); a layer returnin
 or before 0.9.3 a tensor, fails.
 
 How this fixes it: ``get_unsloth_gradient_checkpointing_func``'s checkpoint calls the same Function through
-``_fork_checkpoint.checkpoint_through`` (every input and output connected, LlamaFactory's offload kept).
+``checkpointing.forks.checkpoint_through`` (every input and output connected, LlamaFactory's offload kept).
 A plain function (models stay deep-copyable); revert restores the attribute.  LlamaFactory's wrapper of
 every checkpointed call reads the layer from ``func.__self__``: hotfix's wrappers of the call show it
-(``_layer_call``).  docs/fixes/llamafactory-unsloth-gc.md.
+(``checkpointing.layer_call``).  docs/fixes/llamafactory-unsloth-gc.md.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ import functools
 import inspect
 from typing import Any, Optional
 
-from hotfix.patch import Mechanism, Patch
+from hotfix import Mechanism, Patch
+from hotfix.checkpointing import BACKWARD_TWICE
 
 UNSLOTH_FACTORY = "get_unsloth_gradient_checkpointing_func"
 
@@ -48,23 +49,16 @@ class LlamaFactoryUnslothGC(Patch):
         Mechanism("unsloth-gc-tensor-output", {"llamafactory": ">=0.9.0,<0.9.3"}, fixed_in="0.9.3",
                   summary="use_unsloth_gc: a layer returning a tensor (its backward unpacks a 1-tuple)"),
     )
-    symptom = (
-        "RuntimeError: Trying to backward through the graph a second time - LlamaFactory use_unsloth_gc: true "
-        "(Gemma-4, Whisper)"
-    )
+    symptom = f"{BACKWARD_TWICE} - LlamaFactory use_unsloth_gc: true (Gemma-4, Whisper)"
     upstream = "hiyouga/LlamaFactory#10395 (src/llamafactory/model/model_utils/checkpointing.py, since 0.9.0)"
     fixed_in = None  # 0.9.5 (latest) still has it
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._repairs: frozenset = frozenset()
 
     def drift(self, module: Any) -> Optional[str]:
         factory = getattr(module, UNSLOTH_FACTORY, None)
         if factory is None:
             return f"{UNSLOTH_FACTORY} is missing"
         # Read, not called: the class it defines is made per call (and its decorators warn on torch >= 2.4).
-        from hotfix.patches._checkpoint_slot import code_objects
+        from hotfix.checkpointing.code import code_objects
 
         forward = [code for code in code_objects(factory) if code.co_name == "forward"]
         if len(forward) != 1 or not any(code.co_name == "backward" for code in code_objects(factory)):
@@ -74,16 +68,10 @@ class LlamaFactoryUnslothGC(Patch):
             return f"{UNSLOTH_FACTORY}'s Function is no longer forward(ctx, forward_function, hidden_states, *args)"
         return None
 
-    def _notice(self, what: str) -> None:
-        mechanism = REPAIRS.get(what)
-        if mechanism in self._repairs:
-            self.repaired(SAID[mechanism])
-
     def _apply(self, module: Any) -> None:
-        from hotfix.patches._fork_checkpoint import checkpoint_through
+        from hotfix.checkpointing.forks import RepairNotice, checkpoint_through
 
-        self._repairs = frozenset(m.name for m in self.mechanisms_here())
-        notice = self._notice
+        notice = RepairNotice(self, REPAIRS, SAID)
         factory = getattr(module, UNSLOTH_FACTORY)
 
         @functools.wraps(factory)

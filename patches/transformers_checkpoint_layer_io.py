@@ -10,7 +10,7 @@ itself, nested outputs are cut off (pvt_v2, LiLT), tensors stored into a shared 
 
 How this fixes it: slots on the classes that receive a checkpoint function hand it out wrapped; the
 wrapper lifts those tensors into checkpoint inputs and returns nested/stored tensors as extra outputs
-(``_checkpoint_inputs``/``_outputs``/``_shared_state``; what a call holds: ``_structure``; an unsloth
+(``checkpointing.inputs``/``outputs``/``shared_state``; what a call holds: ``checkpointing.structure``; an unsloth
 backward that needs its first input to need grad gets a 0-byte anchor first).  Nothing to lift, or a
 non-reentrant call: the original call.  docs/fixes/transformers-checkpoint-layer-io.md.
 """
@@ -19,28 +19,30 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
-from hotfix.patches._checkpoint_slot import ATTRIBUTE, CheckpointFunctionSlot, SlotCoverage, code_objects, setter_drift
-from hotfix.patch import Lost, Mechanism, Patch
+from hotfix import Lost, Mechanism
+from hotfix.checkpointing import BACKWARD_TWICE
+from hotfix.checkpointing.code import code_objects
+from hotfix.checkpointing.slot import ATTRIBUTE
+from hotfix.checkpointing.slot_fix import MODELING_UTILS, CheckpointFunctionFix, on_every_reached_release
+
+#: transformers 4.52+: GradientCheckpointingLayer, which binds keywords in a partial
+MODELING_LAYERS = "transformers.modeling_layers"
 
 
-#: outermost of the checkpoint-function slots: it sees the partial exactly as transformers made it
-SLOT_RANK = 20
-
-
-def checkpoint_with_lifted_inputs(fix: Patch) -> Callable:
+def checkpoint_with_lifted_inputs(fix: CheckpointFunctionFix) -> Callable:
     """The wrapt wrapper the slots put around a layer's checkpoint function, reporting through ``fix``.
 
     Built when the fix first applies, not at module level: loading this patch must not import
     torch (a tokenizer-only user has transformers without torch), and the targets have imported
     it by then.  Bound once here, the helpers cost no import per checkpointed call.
     """
-    from hotfix.patches._checkpoint_inputs import anchored, first_input_needs_grad, is_reentrant, lift_closure_tensors
-    from hotfix.patches._checkpoint_outputs import FlatOutputs
-    from hotfix.patches._checkpoint_shared_state import UNSAFE, SharedStateWrites
-    from hotfix.patches._structure import hides_nothing
-    from hotfix.patches._unsloth_checkpoint_shape import FirstInputRule
+    from hotfix.checkpointing.inputs import anchored, first_input_needs_grad, is_reentrant, lift_closure_tensors
+    from hotfix.checkpointing.outputs import FlatOutputs
+    from hotfix.checkpointing.shared_state import UNSAFE, SharedStateWrites
+    from hotfix.checkpointing.structure import hides_nothing
+    from hotfix.checkpointing.unsloth import FirstInputRule
 
-    first_input = FirstInputRule()
+    first_input = FirstInputRule(fix)
     unused_claimed = []  # once the unused-outputs repair was claimed, later calls skip the check
 
     def notice_unused_outputs() -> None:
@@ -114,12 +116,12 @@ DIFFUSION_GEMMA_CACHE = (
     "5.14 turn checkpointing off for the model; 5.15 keeps the Cache)")
 
 
-class TransformersCheckpointLayerIO(Patch):
+class TransformersCheckpointLayerIO(CheckpointFunctionFix):
     name = "transformers-checkpoint-layer-io"
     aliases = ("transformers-keyword-tensors",)  # its name until 0.1.0; still accepted as an opt-out
     # modeling_utils: the classes models store a checkpoint function on (direct callers, every release);
     # modeling_layers (4.52+): GradientCheckpointingLayer, which binds keywords in a partial.
-    targets = ("transformers.modeling_utils", "transformers.modeling_layers")
+    targets = (MODELING_UTILS, MODELING_LAYERS)
     # Ranges equal to the census's evidence (docs/versions.md, tests/versions/test_version_gates.py).
     # Below 4.35.0 each model calls torch's checkpoint from its own code (no gradient_checkpointing_func
     # to hook): LiLT's nested and unused outputs are older than that, and out of this fix's reach.
@@ -127,8 +129,8 @@ class TransformersCheckpointLayerIO(Patch):
         Mechanism("keyword-tensors", {"transformers": ">=4.52.0"},
                   summary="a tensor needing grad passed by keyword (Whisper encoder_hidden_states=, DeBERTa-v2, WavLM, "
                           "LayoutLM, a third-party GradientCheckpointingLayer)"),
-        Mechanism("nested-outputs", {"transformers": ">=4.35.0"}, unreached={"transformers": "<4.35.0"},
-                  summary="a layer output that nests its tensors (pvt_v2's ((hidden,), h, w), LiLT before 4.53)"),
+        on_every_reached_release("nested-outputs",
+            "a layer output that nests its tensors (pvt_v2's ((hidden,), h, w), LiLT before 4.53)"),
         Mechanism("shared-mapping", {"transformers": ">=4.53.0"},
                   summary="tensors a layer stores into a mapping shared across layers (Gemma-3n/4 KV sharing)",
                   lost=(Lost({"transformers": ">=5.0.0,<5.6.0"}, GEMMA3N_CACHE_SHARING, ("gemma3n", "gemma3n_text")),
@@ -136,24 +138,21 @@ class TransformersCheckpointLayerIO(Patch):
         Mechanism("cache-contents", {"transformers": ">=4.56.0"},
                   summary="keys/values a layer reads from a Cache it is handed (DiffusionGemma's decoder)",
                   lost=(Lost({"transformers": ">=5.11.0,<5.12.0"}, DIFFUSION_GEMMA_CACHE, ("diffusion_gemma",)),)),
-        Mechanism("unused-outputs", {"transformers": ">=4.35.0"}, unreached={"transformers": "<4.35.0"},
-                  summary="a layer output the loss never uses gets zeros instead of no gradient (LiLT)"),
+        on_every_reached_release("unused-outputs",
+            "a layer output the loss never uses gets zeros instead of no gradient (LiLT)"),
     )
-    symptom = (
-        "RuntimeError: Trying to backward through the graph a second time - Whisper training "
-        "with gradient checkpointing (decoder gets encoder_hidden_states= by keyword)"
-    )
+    symptom = (f"{BACKWARD_TWICE} - Whisper training with gradient checkpointing (decoder gets "
+               "encoder_hidden_states= by keyword)")
     upstream = ("huggingface/transformers#38913 (every layer on GradientCheckpointingLayer, 4.53.0; the class "
                 "itself since 4.52.0)")
     fixed_in = None  # no release fixes the general case as of 5.23.0
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.coverage: Optional[SlotCoverage] = None  # built with the wrapper, at the first apply
+    def build_wrapper(self) -> Callable:
+        return checkpoint_with_lifted_inputs(self)
 
     def drift(self, module: Any) -> Optional[str]:
-        if module.__name__ != "transformers.modeling_layers":
-            return setter_drift(module)
+        if module.__name__ != MODELING_LAYERS:
+            return super().drift(module)
         layer = getattr(module, "GradientCheckpointingLayer", None)
         if not isinstance(layer, type):
             return "GradientCheckpointingLayer is missing"
@@ -162,16 +161,10 @@ class TransformersCheckpointLayerIO(Patch):
         return None
 
     def _apply(self, module: Any) -> None:
-        if self.coverage is None:
-            self.coverage = SlotCoverage(self, checkpoint_with_lifted_inputs(self), SLOT_RANK)
-        if module.__name__ != "transformers.modeling_layers":
-            self.coverage.hook(module)
-            return
-        from torch.compiler import is_compiling  # modeling_layers imported torch already
-
-        layer = module.GradientCheckpointingLayer
-        self.replace(layer, ATTRIBUTE, CheckpointFunctionSlot(layer, self.coverage.wrapper, is_compiling,
-                                                              rank=SLOT_RANK))
+        super()._apply(module)
+        if module.__name__ == MODELING_LAYERS:  # transformers' own class: its slot serves every such layer
+            layer = module.GradientCheckpointingLayer
+            self.replace(layer, ATTRIBUTE, self.coverage.slot(layer))
 
 
 patch = TransformersCheckpointLayerIO()

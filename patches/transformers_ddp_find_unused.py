@@ -9,8 +9,8 @@ mark a variable ready only once" (PEFT LoRA: the Trainer sets find_unused_parame
 How this fixes it: inside such a DDP module's forward (not static_graph, not no_sync), a
 reentrant call of a layer with trainable parameters passes them as extra checkpoint inputs; the
 recomputation runs the layer with the checkpoint's detached copies in their places, so each
-gradient reaches its parameter once, through the node DDP saw.  A slot (``_checkpoint_slot``),
-innermost; a first input that must need grad gets an anchor (``FirstInputRule``).
+gradient reaches its parameter once, through the node DDP saw.  A slot (``checkpointing.slot``),
+innermost (``hotfix.relations.SLOT_ORDER``); a first input that must need grad gets an anchor (``FirstInputRule``).
 docs/fixes/transformers-ddp-find-unused.md.
 """
 
@@ -18,12 +18,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, List, Optional, Tuple
 
-from hotfix.patches._checkpoint_slot import SlotCoverage, setter_drift
-from hotfix.patch import Mechanism, Patch
-
-#: innermost of the checkpoint-function slots (frozen-inputs 10, layer-io 20): it sees the call as the
-#: other fixes pass it on (their lifted inputs and anchors included) and adds the last inputs
-SLOT_RANK = 5
+from hotfix.checkpointing.slot_fix import CheckpointFunctionFix, on_every_reached_release
 
 
 def trainable_slots(modules: List[Any]) -> List[Tuple[Any, str, Any]]:
@@ -52,9 +47,9 @@ def with_parameters_as_inputs(function: Callable, count: int, slots: List[Tuple[
     (``owner._parameters``, restored after the call), so the recomputation's backward accumulates into
     the copies, which the checkpoint returns as the gradients of its parameter inputs.  ``recomputing``
     is called then: where upstream's recomputation would have marked those parameters ready again.
-    Shows the layer as ``function`` does (``_layer_call``).
+    Shows the layer as ``function`` does (``checkpointing.layer_call``).
     """
-    from hotfix.patches._layer_call import ShownCall  # imports torch: only when called
+    from hotfix.checkpointing.layer_call import ShownCall  # imports torch: only when called
 
     def run_with_parameters(*all_inputs):
         given = all_inputs[count:]
@@ -74,7 +69,7 @@ def with_parameters_as_inputs(function: Callable, count: int, slots: List[Tuple[
     return ShownCall(run_with_parameters, function)
 
 
-def checkpoint_with_visible_parameters(fix: Patch) -> Callable:
+def checkpoint_with_visible_parameters(fix: CheckpointFunctionFix) -> Callable:
     """The wrapt wrapper the slots put around a module's checkpoint function, reporting through ``fix``.
 
     Built when the fix first applies (its target has imported torch by then): loading this module
@@ -82,13 +77,13 @@ def checkpoint_with_visible_parameters(fix: Patch) -> Callable:
     """
     import torch
 
-    from hotfix.patches._checkpoint_inputs import anchored, first_input_needs_grad, is_reentrant
-    from hotfix.patches._ddp_search import searching_ddp
-    from hotfix.patches._layer_call import modules_called
-    from hotfix.patches._unsloth_checkpoint_shape import FirstInputRule
+    from hotfix.checkpointing.inputs import anchored, first_input_needs_grad, is_reentrant
+    from hotfix.checkpointing.ddp import searching_ddp
+    from hotfix.checkpointing.layer_call import modules_called
+    from hotfix.checkpointing.unsloth import FirstInputRule
 
     is_grad_enabled = torch.is_grad_enabled
-    first_input = FirstInputRule()
+    first_input = FirstInputRule(fix)
 
     def recomputing() -> None:
         fix.repaired("a checkpointed layer's parameters became checkpoint inputs, seen by DDP's search for unused ones")
@@ -126,16 +121,14 @@ def ddp_drift() -> Optional[str]:
     return None
 
 
-class TransformersDdpFindUnused(Patch):
+class TransformersDdpFindUnused(CheckpointFunctionFix):
     name = "transformers-ddp-find-unused"
-    targets = ("transformers.modeling_utils",)
     # torch's DDP reducer has the defect on every release measured (2.13.0, 2.14.1; none fixes it): the
-    # range is transformers', where the hook exists (4.35.0: _set_gradient_checkpointing(enable,
-    # gradient_checkpointing_func)); the drift check reads torch's side.
+    # range is transformers' (where the hook exists); the drift check reads torch's side.
     mechanisms = (
-        Mechanism("ddp-hidden-parameters", {"transformers": ">=4.35.0"}, unreached={"transformers": "<4.35.0"},
-                  summary="DDP(find_unused_parameters=True) with reentrant checkpointing: the layers' parameters "
-                          "are marked unused, then ready a second time by the recomputation (LoRA with PEFT)"),
+        on_every_reached_release("ddp-hidden-parameters",
+            "DDP(find_unused_parameters=True) with reentrant checkpointing: the layers' parameters are marked "
+            "unused, then ready a second time by the recomputation (LoRA with PEFT)"),
     )
     symptom = (
         "RuntimeError: Expected to mark a variable ready only once - DDP with find_unused_parameters=True "
@@ -145,17 +138,11 @@ class TransformersDdpFindUnused(Patch):
                 "huggingface/trl#921, huggingface/accelerate#3536)")
     fixed_in = None  # torch 2.14.1 still fails; upstream's answer is non-reentrant checkpointing
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.coverage: Optional[SlotCoverage] = None  # built with the wrapper, at the first apply
+    def build_wrapper(self) -> Callable:
+        return checkpoint_with_visible_parameters(self)
 
     def drift(self, module: Any) -> Optional[str]:
-        return setter_drift(module) or ddp_drift()
-
-    def _apply(self, module: Any) -> None:
-        if self.coverage is None:
-            self.coverage = SlotCoverage(self, checkpoint_with_visible_parameters(self), SLOT_RANK)
-        self.coverage.hook(module)
+        return super().drift(module) or ddp_drift()
 
 
 patch = TransformersDdpFindUnused()

@@ -17,16 +17,12 @@ transformers' enablers, on unpickling, and for models set up before activation).
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Optional
+from typing import Callable
 
-from hotfix.patches._checkpoint_slot import SlotCoverage, setter_drift
-from hotfix.patch import Mechanism, Patch
-
-#: inside the checkpoint-layer-io slot (_checkpoint_slot composes by rank)
-SLOT_RANK = 10
+from hotfix.checkpointing.slot_fix import CheckpointFunctionFix, on_every_reached_release
 
 
-def checkpoint_with_anchor(fix: Patch) -> Callable:
+def checkpoint_with_anchor(fix: CheckpointFunctionFix) -> Callable:
     """The wrapt wrapper the slots put around a module's checkpoint function, reporting through ``fix``.
 
     Built when the fix first applies (its target has imported torch by then); loading this
@@ -34,13 +30,13 @@ def checkpoint_with_anchor(fix: Patch) -> Callable:
     """
     import torch
 
-    from hotfix.patches._checkpoint_inputs import anchored, is_reentrant, layer_call
-    from hotfix.patches._layer_call import layer_of
-    from hotfix.patches._structure import find_grad_tensors
-    from hotfix.patches._unsloth_checkpoint_shape import FirstInputRule
+    from hotfix.checkpointing.inputs import anchored, is_reentrant, layer_call
+    from hotfix.checkpointing.layer_call import layer_of
+    from hotfix.checkpointing.structure import find_grad_tensors
+    from hotfix.checkpointing.unsloth import FirstInputRule
 
     tensor, is_grad_enabled = torch.Tensor, torch.is_grad_enabled
-    first_input = FirstInputRule()
+    first_input = FirstInputRule(fix)
 
     def anchor_frozen_layer(wrapped, instance, args, kwargs):  # named: a wrapper chain reads which fix is where
         if not args or not is_grad_enabled() or not is_reentrant(wrapped, kwargs):
@@ -70,16 +66,13 @@ def checkpoint_with_anchor(fix: Patch) -> Callable:
     return anchor_frozen_layer
 
 
-class TransformersFrozenInputs(Patch):
+class TransformersFrozenInputs(CheckpointFunctionFix):
     name = "transformers-frozen-inputs"
-    targets = ("transformers.modeling_utils",)
-    # Ranges equal to the census's evidence (docs/versions.md); 4.35.0 introduced
-    # _set_gradient_checkpointing(enable, gradient_checkpointing_func), the hook: older lines checkpoint
-    # reentrantly from each model's own code, with the same defect, out of this fix's reach.
+    # Ranges equal to the census's evidence (docs/versions.md)
     mechanisms = (
-        Mechanism("frozen-layer-inputs", {"transformers": ">=4.35.0"}, unreached={"transformers": "<4.35.0"},
-                  summary="a reentrant checkpointed layer with trainable parameters and no input needing grad "
-                          "(Whisper + LoRA: encoder adapters without gradient)"),
+        on_every_reached_release("frozen-layer-inputs",
+            "a reentrant checkpointed layer with trainable parameters and no input needing grad (Whisper + LoRA: "
+            "encoder adapters without gradient)"),
     )
     symptom = (
         "Parameters silently get no gradient with gradient checkpointing (use_reentrant=True) "
@@ -89,17 +82,8 @@ class TransformersFrozenInputs(Patch):
                 "which covers only models that call it)")
     fixed_in = None  # reentrant checkpointing of a layer without grad inputs is still silent in 5.23.0
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.coverage: Optional[SlotCoverage] = None  # built with the wrapper, at the first apply
-
-    def drift(self, module: Any) -> Optional[str]:
-        return setter_drift(module)
-
-    def _apply(self, module: Any) -> None:
-        if self.coverage is None:
-            self.coverage = SlotCoverage(self, checkpoint_with_anchor(self), SLOT_RANK)
-        self.coverage.hook(module)
+    def build_wrapper(self) -> Callable:
+        return checkpoint_with_anchor(self)
 
 
 patch = TransformersFrozenInputs()

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterator, Optional
 
-from hotfix.patch import Mechanism, Patch
-from hotfix.patches._checkpoint_slot import code_objects
+from hotfix import Patch
+from hotfix.checkpointing.code import code_objects
+from hotfix.checkpointing.slot_fix import on_every_reached_release
 
 METHOD = "enable_input_require_grads"
 #: where upstream keeps the handles: one (4.x, and 5.x "for BC") or all (5.x)
@@ -159,10 +160,10 @@ class TransformersInputGradsLeaf(Patch):
     # No upper bound: 5.23.0 still has the hook, and from 5.0 checkpointing itself
     # calls it (census: docs/versions.md).
     mechanisms = (
-        Mechanism("in-place-on-leaf", {"transformers": ">=4.35.0"}, unreached={"transformers": "<4.35.0"},
-                  summary="the hooked embeddings' output is a leaf the model changes in place (GIT, BLIP, BLT, CSM)"),
-        Mechanism("tuple-embeddings", {"transformers": ">=4.35.0"}, unreached={"transformers": "<4.35.0"},
-                  summary="embeddings that return a tuple make the hook raise (Swin family, Hiera, Data2Vec-vision)"),
+        on_every_reached_release("in-place-on-leaf",
+            "the hooked embeddings' output is a leaf the model changes in place (GIT, BLIP, BLT, CSM)"),
+        on_every_reached_release("tuple-embeddings",
+            "embeddings that return a tuple make the hook raise (Swin family, Hiera, Data2Vec-vision)"),
     )
     symptom = (
         "RuntimeError: a leaf Variable that requires grad is being used in an in-place operation - "

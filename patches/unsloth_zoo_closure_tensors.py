@@ -8,9 +8,9 @@ walked again per layer: "Trying to backward through the graph a second time" (Wh
 
 How this fixes it: ``UnslothCheckpointFunction.apply`` (every path into unsloth's checkpoint
 ends there) is wrapped on the class; a partial's closure tensors become extra positional
-inputs, put back in place inside the recomputation (``_checkpoint_inputs``); behind a frozen first
+inputs, put back in place inside the recomputation (``checkpointing.inputs``); behind a frozen first
 input on a release whose own backward then returns one gradient, after a 0-byte anchor
-(``_unsloth_checkpoint_shape.FirstInputRule``).  Revert deletes the class attribute.
+(``checkpointing.unsloth.FirstInputRule``).  Revert deletes the class attribute.
 docs/fixes/unsloth-zoo-closure-tensors.md.
 """
 
@@ -18,8 +18,9 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from hotfix.patch import Mechanism, Patch
-from hotfix.patches._unsloth_checkpoint_shape import CLASS_NAME, FirstInputRule, checkpoint_function_drift
+from hotfix import Mechanism, Patch
+from hotfix.checkpointing import BACKWARD_TWICE
+from hotfix.checkpointing.unsloth import CLASS_NAME, FirstInputRule, checkpoint_function_drift
 
 
 def _apply_with_lifted_inputs(wrapped, instance, args, kwargs):
@@ -28,7 +29,7 @@ def _apply_with_lifted_inputs(wrapped, instance, args, kwargs):
     # too few arguments) is not a call shape we understand: pass it through.
     if len(args) >= 2 and not kwargs:
         # imports torch: only when called
-        from hotfix.patches._checkpoint_inputs import anchored, first_input_needs_grad, lift_closure_tensors
+        from hotfix.checkpointing.inputs import anchored, first_input_needs_grad, lift_closure_tensors
 
         lifted = lift_closure_tensors(args[0], args[2:])
         if lifted is not None:
@@ -54,16 +55,14 @@ class UnslothZooClosureTensors(Patch):
         Mechanism("closure-tensors", {"unsloth-zoo": ">=2024.11.6"},
                   summary="a tensor needing grad bound in the checkpointed partial (Whisper decoder)"),
     )
-    symptom = (
-        "RuntimeError: Trying to backward through the graph a second time - unsloth "
-        "use_gradient_checkpointing='unsloth' with a tensor bound in a functools.partial (Whisper decoder)"
-    )
+    symptom = (f"{BACKWARD_TWICE} - unsloth use_gradient_checkpointing='unsloth' with a tensor bound in a "
+               "functools.partial (Whisper decoder)")
     upstream = "unslothai/unsloth-zoo gradient_checkpointing.py UnslothCheckpointFunction (since 2024.11.6)"
     fixed_in = None  # 2026.10.9 still has it
 
     def __init__(self) -> None:
         super().__init__()
-        self.first_input = FirstInputRule()
+        self.first_input = FirstInputRule(self)
 
     def drift(self, module: Any) -> Optional[str]:
         return checkpoint_function_drift(module)

@@ -5,11 +5,11 @@ What breaks: ``use_gradient_checkpointing="unsloth"`` puts ``UnslothCheckpointFu
 from 5.0.0, TRL's kwargs) never gets there: no offload, plain checkpointing's memory, OOM.  2026.3.3
 forces reentrant itself; 2025.6.3-2025.6.4 are out of reach (transformers kept torch's ``checkpoint``).
 
-How this fixes it: the outermost checkpoint-function slot (``_checkpoint_slot``) makes a non-reentrant
+How this fixes it: the outermost checkpoint-function slot (``hotfix.relations.SLOT_ORDER``) makes a non-reentrant
 call reentrant where unsloth's swap is in place at that moment (asked for), the stored function is
 torch's ``checkpoint`` (or the release's ``unsloth_checkpoint``) with nothing only non-reentrant takes,
 and the fixes a reentrant call needs are applied (layer I/O, frozen inputs; DDP's inside a searching
-DDP forward): it reaches unsloth's function through them, the closure fix and hotfix's offloading
+DDP forward: ``hotfix.relations.RELIANCES``): it reaches unsloth's function through them, the closure fix and hotfix's offloading
 forward/backward.  Otherwise the call is left as made (a reason said once).
 docs/fixes/unsloth-zoo-nonreentrant-offload.md.
 """
@@ -18,24 +18,16 @@ from __future__ import annotations
 
 import functools
 import sys
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, Optional
 
-from hotfix.patch import Mechanism, Patch
-from hotfix.patches._checkpoint_slot import SlotCoverage, setter_drift
-from hotfix.patches._unsloth_checkpoint_shape import CLASS_NAME, MODULE, checkpoint_function_drift
+from hotfix import Mechanism
+from hotfix.checkpointing.slot_fix import MODELING_UTILS, REACHED, CheckpointFunctionFix
+from hotfix.checkpointing.unsloth import CLASS_NAME, MODULE, checkpoint_function_drift
 
-#: outermost of the checkpoint-function slots (DDP 5, frozen-inputs 10, layer-io 20): the call it makes
-#: reentrant is the one the other fixes then see
-SLOT_RANK = 30
 #: unsloth-zoo's drop-in for torch.utils.checkpoint.checkpoint (honours use_reentrant before 2026.3.3)
 UNSLOTH_CHECKPOINT = "unsloth_checkpoint"
 #: what a reentrant torch checkpoint takes besides the function and its inputs
 REENTRANT_KEYWORDS = frozenset({"use_reentrant", "preserve_rng_state"})
-#: the fixes that make a reentrant call of transformers' layers give the gradients of the non-reentrant
-#: call it replaces (keyword / nested / stored tensors; layers with no input needing grad)
-REENTRANT_REPAIRS = ("transformers-checkpoint-layer-io", "transformers-frozen-inputs")
-#: and the one under DDP(find_unused_parameters=True), where reentrant checkpointing fails upstream
-DDP_FIX = "transformers-ddp-find-unused"
 #: the offloading releases with the bypass, less 2025.6.3/2025.6.4 (no transformers call reaches their function)
 BYPASSED = ">=2025.1.1,<2026.3.3,!=2025.6.3,!=2025.6.4"
 NOT_REACHED = {"unsloth-zoo": ">=2025.6.3,<2025.6.5"}
@@ -65,24 +57,14 @@ def unsloth_reached(function: Any) -> bool:
     return function is unsloth_checkpoint and (swapped or torch_checkpoint.checkpoint is unsloth_checkpoint)
 
 
-def missing_repairs(under_ddp: bool) -> List[str]:
-    """The fixes a reentrant call needs here that are not applied (opted out, or failed to apply)."""
-    from hotfix.config import normalize_patch_name
-    from hotfix.registry import registry  # the core's registry: which fixes are applied in this process
-
-    patches = registry.patches()
-    return [name for name in REENTRANT_REPAIRS + ((DDP_FIX,) if under_ddp else ())
-            if not getattr(patches.get(normalize_patch_name(name)), "applied", False)]
-
-
-def checkpoint_routed_to_unsloth(fix: Patch) -> Callable:
+def checkpoint_routed_to_unsloth(fix: CheckpointFunctionFix) -> Callable:
     """The wrapt wrapper the slots put around a module's checkpoint function, reporting through ``fix``.
 
     Built when the fix first applies (its target has imported torch by then): loading this module
     imports no torch.
     """
-    from hotfix.patches._checkpoint_inputs import is_reentrant
-    from hotfix.patches._ddp_search import searching_ddp
+    from hotfix.checkpointing.inputs import is_reentrant
+    from hotfix.checkpointing.ddp import searching_ddp
 
     def route_to_unsloth(wrapped, instance, args, kwargs):  # named: a wrapper chain reads which fix is where
         # A reentrant call (4.x's default) is unsloth's own path.  Otherwise only transformers' shape,
@@ -96,9 +78,12 @@ def checkpoint_routed_to_unsloth(fix: Patch) -> Callable:
                           f"checkpoint call passes {', '.join(sorted(extra))}, which only non-reentrant "
                           f"checkpointing takes")
             return wrapped(*args, **kwargs)
-        missing = missing_repairs(searching_ddp() is not None)
+        # the fixes that make a reentrant call give the gradients of the non-reentrant call it replaces (keyword,
+        # nested, stored tensors; layers with no input needing grad), and under a searching DDP the DDP fix
+        always = fix.missing()
+        missing = fix.missing(under_ddp=True) if searching_ddp() is not None else always
         if missing:  # routed, the call would crash or lose gradients: better unsloth's offload stays bypassed
-            where = " under DistributedDataParallel(find_unused_parameters=True)" if DDP_FIX in missing else ""
+            where = " under DistributedDataParallel(find_unused_parameters=True)" if missing != always else ""
             fix.warn_once(("missing", tuple(missing)), f"unsloth's offloading checkpoint stays bypassed{where}: "
                           f"reentrant checkpointing needs {', '.join(missing)} here, not applied")
             return wrapped(*args, **kwargs)
@@ -123,11 +108,11 @@ def torch_checkpoint_drift() -> Optional[str]:
     return None
 
 
-class UnslothZooNonreentrantOffload(Patch):
+class UnslothZooNonreentrantOffload(CheckpointFunctionFix):
     name = "unsloth-zoo-nonreentrant-offload"
     # modeling_utils: the classes models store a checkpoint function on; the release: the class routed to
     # (its drift check; a call is routed only where this fix applied to the loaded release)
-    targets = ("transformers.modeling_utils", MODULE)
+    targets = (MODELING_UTILS, MODULE)
     # Ranges equal to the census's evidence (docs/census/zoo-nonreentrant.md,
     # tests/versions/test_unsloth_zoo_nonreentrant_offload.py).  The transformers bound: the hook
     # (_set_gradient_checkpointing(enable, gradient_checkpointing_func), 4.35.0); 5.0.0 made
@@ -137,7 +122,7 @@ class UnslothZooNonreentrantOffload(Patch):
                   unreached=NOT_REACHED,
                   summary="gradient_checkpointing_enable() checkpoints non-reentrantly by default (transformers "
                           "5.x): unsloth's offloading checkpoint never runs"),
-        Mechanism("non-reentrant-requested", {"unsloth-zoo": BYPASSED, "transformers": ">=4.35.0"},
+        Mechanism("non-reentrant-requested", {"unsloth-zoo": BYPASSED, **REACHED},
                   fixed_in="2026.3.3", unreached=NOT_REACHED,
                   summary="gradient_checkpointing_kwargs={\"use_reentrant\": False} (TRL): unsloth's offloading "
                           "checkpoint never runs"),
@@ -148,23 +133,14 @@ class UnslothZooNonreentrantOffload(Patch):
     )
     upstream = ("unslothai/unsloth-zoo 2026.3.3 (unsloth_checkpoint forces use_reentrant=True); "
                 "reported as unsloth-zoo#549, unsloth#3969, unsloth#4321, OpenPipe/ART#604")
-    fixed_in = "2026.3.3"
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.coverage: Optional[SlotCoverage] = None  # built with the wrapper, at the first apply
+    def build_wrapper(self) -> Callable:
+        return checkpoint_routed_to_unsloth(self)
 
     def drift(self, module: Any) -> Optional[str]:
         if module.__name__ == MODULE:
-            return checkpoint_function_drift(module)
-        return setter_drift(module) or torch_checkpoint_drift()
-
-    def _apply(self, module: Any) -> None:
-        if module.__name__ == MODULE:
-            return  # nothing to change there: the slots find the class when a call is made
-        if self.coverage is None:
-            self.coverage = SlotCoverage(self, checkpoint_routed_to_unsloth(self), SLOT_RANK)
-        self.coverage.hook(module)
+            return checkpoint_function_drift(module)  # nothing to change there: the slots find the class per call
+        return super().drift(module) or torch_checkpoint_drift()
 
 
 patch = UnslothZooNonreentrantOffload()

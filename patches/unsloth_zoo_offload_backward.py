@@ -7,7 +7,7 @@ and before 2025.11.5 nothing is offloaded during the first step (step 1 peaks at
 
 How this fixes it: on the affected releases ``forward``/``backward`` are replaced by hotfix's
 own reentrant checkpoint: every tensor input is saved (``args[0]`` offloaded from step 1
-through ``_offload.ActivationOffloader``), backward returns a gradient for every input, RNG and
+through ``checkpointing.offload.offloader.ActivationOffloader``), backward returns a gradient for every input, RNG and
 autocast state are kept as torch's reentrant checkpoint keeps them.  The class, its name and
 its ``apply`` stay; revert puts the original staticmethods back.
 docs/fixes/unsloth-zoo-offload-backward.md.
@@ -18,12 +18,11 @@ from __future__ import annotations
 import contextlib
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from hotfix.patch import Mechanism, Patch
-from hotfix.patches._unsloth_checkpoint_shape import (CLASS_NAME, EVERY_GRADIENT, FIRST_INPUT_ONLY,
-                                                      checkpoint_function_drift)
+from hotfix import Mechanism, Patch
+from hotfix.checkpointing.unsloth import CLASS_NAME, FIRST_INPUT_ONLY, checkpoint_function_drift
 
 if TYPE_CHECKING:
-    from hotfix.patches._offload import ActivationOffloader
+    from hotfix.checkpointing.offload.offloader import ActivationOffloader
 
 # Private helpers of torch.utils.checkpoint that the reentrant checkpoint (and
 # unsloth's copy of it) use to stash RNG and autocast state; drift() checks them.
@@ -135,7 +134,6 @@ def build_checkpoint_methods(offloader: "ActivationOffloader", recompute_marker:
         grads = tuple(value.grad if isinstance(value, torch.Tensor) else None for value in detached)
         return (None, None) + grads
 
-    setattr(backward, EVERY_GRADIENT, True)  # the transformers fixes read it (_unsloth_checkpoint_shape.FirstInputRule)
     return forward, backward
 
 
@@ -153,7 +151,6 @@ class UnslothZooOffloadBackward(Patch):
         "gradients (frozen first input); no 'Will smartly offload' offloading during the first step"
     )
     upstream = "unslothai/unsloth-zoo gradient_checkpointing.py smart offload (since 2025.1.1)"
-    fixed_in = "2026.8.11"
 
     def __init__(self) -> None:
         super().__init__()
@@ -166,7 +163,7 @@ class UnslothZooOffloadBackward(Patch):
         Tests and benchmarks switch it to a CPU device with use_device() (tools/lab/simulated_device.py).
         """
         if self._offloader is None:
-            from hotfix.patches._offload import ActivationOffloader
+            from hotfix.checkpointing.offload.offloader import ActivationOffloader
 
             self._offloader = ActivationOffloader()
         return self._offloader

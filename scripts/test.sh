@@ -1,45 +1,58 @@
 #!/usr/bin/env bash
-# The test command (README "Run the tests"). Installs everything the tests need
-# on a fresh machine that has only Python 3.11, pip and gcc, then runs pytest.
+# The test command (README "Tests"). Installs everything the tests need on a fresh machine that has
+# only Python 3.11, pip and gcc, then runs pytest, in two stages:
 #
-#   .venv-test/   torch 2.13.0 (CPU), hotfix installed FROM A BUILT WHEEL (so the
-#                 .pth start-up path is the one users get), transformers 4.56.2
-#   .matrix/      every release listed in tests/matrix.txt, side by side
-#                 (pip install --target), put first on PYTHONPATH by the tests
+#   1. .venv-test/   torch 2.13.0 (CPU), hotfix installed FROM A BUILT WHEEL (so the .pth start-up path
+#                    is the one users get), transformers 4.56.2, and the code-only releases of the matrix
+#                    (unsloth-zoo, the forks); then the unit and contract tiers (minutes).  A failure stops
+#                    here, before the long installs.
+#   2. .matrix/      the rest of tests/matrix.txt, side by side (pip install --target), put first on
+#                    PYTHONPATH by the tests, and two side torch venvs; then every other tier (versions,
+#                    e2e, lab).
 #
-# Extra arguments go to pytest, e.g.  bash scripts/test.sh -k whisper
+# Extra arguments go to pytest in both stages, e.g.  bash scripts/test.sh -k whisper
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 VENV=${HOTFIX_TEST_VENV:-.venv-test}
 MATRIX=.matrix
 pipq() { "$VENV/bin/pip" install -q --disable-pip-version-check "$@" 2>&1 | grep -v "^WARNING: Location" || true; }
+# Run from tests/ so the source tree's hotfix/ is not importable: the tests exercise the installed wheel
+# (tests/conftest.py checks this).  Status 5 (nothing selected by the caller's -k) is no failure.
+tier() { (cd tests && "../$VENV/bin/python" -m pytest -p no:cacheprovider "$@") || [ $? -eq 5 ]; }
+# The releases of tests/matrix.txt whose names match $1 (a grep -E pattern), each installed once.
+matrix() {
+    grep -v '^#' tests/matrix.txt | grep -E "^($1) " | while read -r name version; do
+        dir="$MATRIX/$name-$version"
+        [ -f "$dir/.complete" ] && continue
+        rm -rf "$dir"
+        case "$name" in
+            transformers) pipq --target "$dir" "transformers==$version" ;;
+            unsloth-zoo)  pipq --no-deps --target "$dir" "unsloth_zoo==$version" ;;
+            llamafactory|axolotl) pipq --no-deps --target "$dir" "$name==$version" ;;  # code only (fork_loader)
+            pillow|scipy) pipq --no-deps --target "$dir" "$name==$version" ;;
+            *) echo "unknown matrix entry: $name" >&2; exit 1 ;;
+        esac
+        touch "$dir/.complete"
+    done
+}
 
+# --- stage 1: the product's own tiers
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 # torch pinned: a bare requirement would pull a multi-GB CUDA build.
-pipq torch==2.13.0 numpy "wrapt>=1.14" "packaging>=21" pytest setuptools wheel build twine \
+pipq torch==2.13.0 numpy "wrapt>=1.14" "packaging>=21" pytest setuptools wheel build twine import-linter==2.17 \
     transformers==4.56.2 accelerate psutil peft==0.21.2 nbclient==0.10.2 nbformat==5.10.4 ipykernel==6.30.1
-"$VENV/bin/python" -c "import torch, transformers, wrapt, pytest" # fail early if an install failed
+"$VENV/bin/python" -c "import torch, transformers, wrapt, pytest, importlinter" # fail early if an install failed
 
 rm -rf dist build
 "$VENV/bin/pip" wheel -q --no-deps --no-build-isolation -w dist . 2>&1 | grep -v "^WARNING: Location" || true
 pipq --force-reinstall --no-deps dist/hotfix_checkpoint-*.whl
 
-grep -v '^#' tests/matrix.txt | while read -r name version; do
-    [ -n "$name" ] || continue
-    dir="$MATRIX/$name-$version"
-    [ -f "$dir/.complete" ] && continue
-    rm -rf "$dir"
-    case "$name" in
-        transformers) pipq --target "$dir" "transformers==$version" ;;
-        unsloth-zoo)  pipq --no-deps --target "$dir" "unsloth_zoo==$version" ;;
-        llamafactory|axolotl) pipq --no-deps --target "$dir" "$name==$version" ;;  # code only (fork_loader)
-        pillow|scipy) pipq --no-deps --target "$dir" "$name==$version" ;;
-        *) echo "unknown matrix entry: $name" >&2; exit 1 ;;
-    esac
-    touch "$dir/.complete"
-done
+matrix "unsloth-zoo|llamafactory|axolotl"  # code only, seconds: the contract suite loads their targets
+tier -m "unit or contract" "$@"
 
+# --- stage 2: the rest of the release matrix, the side torches, and every other tier
+matrix "[^ ]+"  # every other entry (those of stage 1 are installed)
 # Two more torch lines, each in a venv of its own (.matrix/torch-<version>: PyPI's CUDA build, it runs on
 # the CPU; installed by the census's installer, hotfix from the same wheel; the libraries come from
 # .matrix/ on PYTHONPATH): torch.compile over reentrant checkpointing on torch 2.11 and 2.7 (tests/versions/
@@ -52,7 +65,4 @@ for torch_line in 2.11.0 2.7.1; do
     "$MATRIX/torch-$torch_line/bin/python" -I -c "import torch, wrapt, hotfix" # fail early if the install failed
 done
 
-# Run from tests/ so the source tree's hotfix/ is not importable: the tests
-# exercise the installed wheel (tests/conftest.py checks this).
-cd tests
-exec "../$VENV/bin/python" -m pytest -p no:cacheprovider "$@"
+tier -m "not unit and not contract" "$@"

@@ -3,7 +3,8 @@
 Tiers (a marker each, from the folder):  unit/ in-process, seconds;  contract/ the
 suite every fix runs through;  versions/ fixes across the release matrix and the
 sweep's subsets;  e2e/ the product in fresh interpreters (start-up hook, CLI,
-trainers, processes).  support/ holds the tests' helpers and child scripts.
+trainers, processes);  lab/ the laboratory's own tools (sweep, census, GPU kit).
+support/ holds the tests' helpers and child scripts.
 
 The suite runs against hotfix installed from a wheel in the test venv (see
 scripts/test.sh), never the source tree, so what is tested is what users get.
@@ -117,6 +118,17 @@ def run_python(
                                timeout=timeout, python=python)
 
 
+def dependencies(dest: Path) -> Path:
+    """A folder with only hotfix's two dependencies (links to the test venv's), for ``python -S``."""
+    import packaging
+    import wrapt
+
+    dest.mkdir()
+    for module in (wrapt, packaging):
+        (dest / module.__name__).symlink_to(Path(module.__file__).parent)
+    return dest
+
+
 def hotfix_lines(stderr: str) -> List[str]:
     """hotfix's problem lines on stderr (each starts with 'hotfix:'), without its once-per-process repair notice."""
     return [line for line in stderr.splitlines() if line.startswith("hotfix:") and not line.startswith(REPAIR_NOTICE)]
@@ -126,8 +138,9 @@ def repair_notices(stderr: str) -> List[str]:
     return [line for line in stderr.splitlines() if line.startswith(REPAIR_NOTICE)]
 
 
-#: the test tiers, one folder each (``pytest -m unit`` from a checkout runs in seconds)
-TIERS = ("unit", "contract", "versions", "e2e")
+#: the test tiers, one folder each (``pytest -m unit`` from a checkout runs in seconds); lab/ tests the
+#: laboratory's own tools (sweep, census, GPU kit), not the product
+TIERS = ("unit", "contract", "versions", "e2e", "lab")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -134,6 +134,7 @@ def check_model(
         tolerance=tolerance, floor=floor, versions=library_versions(), hotfix_active=_hotfix_active(),
         memory_limit=memory_limit, per_parameter=per_parameter,
         without_gradient=[name for name, grad in ref_grads.items() if grad is None],
+        not_covered=_not_covered(getattr(getattr(model, "config", None), "model_type", None)),
     )
 
 
@@ -143,6 +144,16 @@ def library_versions() -> Dict[str, Optional[str]]:
 
     libraries = dict(REPORTED_LIBRARIES, peft="peft")
     return {dist: reader.evidence(dist, module).version for dist, module in libraries.items()}
+
+
+def _not_covered(model_type: Optional[str]) -> List[str]:
+    """What hotfix, active, does not repair here for a model of ``model_type`` (``hotfix status``'s NOT COVERED)."""
+    from hotfix.registry import registry
+    from hotfix.status import not_covered
+
+    if not registry.active:
+        return []
+    return [f"{fix.name}: {fix.why}" for fix in not_covered(registry, model_type=model_type)]
 
 
 def _hotfix_active() -> bool:

@@ -82,3 +82,13 @@ def run_python(
         text=True,
         timeout=timeout,
     )
+
+
+def check_model_child(argv: Sequence[str], disabled: bool) -> dict:
+    """``hotfix check-model ARGV --json`` in a fresh interpreter with hotfix off (``disabled``) or on: its report,
+    with its exit status (``check-model --compare-hotfix``)."""
+    proc = run_python(["-m", "hotfix", "check-model", *argv, "--json"], env=child_env(hotfix=not disabled))
+    found = json_lines(proc.stdout)
+    if found:
+        return dict(found[-1], exit_status=proc.returncode)
+    return {"exit_status": proc.returncode, "safe": False, "verdict": f"child failed: {last_line(proc)}", "modes": []}

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import sys
 import tempfile
-from typing import Dict, List, Tuple
+from typing import Dict, List
 
 from hotfix.diagnostics.children import child_env, json_lines, last_line, run_python
 from hotfix.notice import REPAIR_NOTICE
@@ -84,16 +84,6 @@ def _describe(result: Dict) -> str:
     return f"{label} loss {result['loss']:.4f}; {result['summary']}"
 
 
-def _uncovered_fixes() -> List[Tuple[str, str, bool]]:
-    """(fix, why, applies) for each transformers fix that does not repair everything here (``Patch.uncovered_here``);
-    ``applies`` False: it does not reach the installed release at all."""
-    from hotfix.registry import registry
-
-    found = [(patch.name, patch.uncovered_here(), patch.check().applies) for patch in registry.patches().values()
-             if "transformers" in patch.distributions]
-    return [(name, why, applies) for name, why, applies in found if why]
-
-
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--child"]:
@@ -103,17 +93,20 @@ def main(argv=None) -> int:
     except Exception as exc:
         print(f"hotfix doctor: transformers cannot be imported here ({exc!r}); nothing to check.")
         return 2
-    uncovered = _uncovered_fixes()
-    if any(not applies for _, _, applies in uncovered):  # e.g. transformers 4.34: no checkpoint function to act on
+    from hotfix.registry import registry
+    from hotfix.status import not_covered
+
+    uncovered = not_covered(registry, distribution="transformers")  # the fixes of the Whisper cases' library
+    if any(not fix.applies for fix in uncovered):  # e.g. transformers 4.34: no checkpoint function to act on
         print("hotfix doctor: nothing to compare here; hotfix's fixes do not reach this release:")
-        for name, why, _ in uncovered:
-            print(f"  {name}: NOT COVERED: {why}")
+        for fix in uncovered:
+            print(f"  {fix.name}: NOT COVERED: {fix.why}")
         print("Install a release the fixes reach (`hotfix status --verbose` lists the ranges).")
         return 2
     if uncovered:  # applied, but upstream drops some state before any checkpoint function sees it (5.5.1's Gemma-4)
         print("hotfix doctor: on this release hotfix cannot repair everything (the cases below do not show it):")
-        for name, why, _ in uncovered:
-            print(f"  {name}: NOT COVERED: {why}")
+        for fix in uncovered:
+            print(f"  {fix.name}: NOT COVERED: {fix.why}")
         print()
     print("hotfix doctor: tiny random-weight Whisper (2+2 layers, d_model 16) on CPU, one training step,")
     print("gradients compared with the same step without checkpointing.\n")
@@ -136,7 +129,7 @@ def main(argv=None) -> int:
     else:
         print("verdict: checkpointing is still broken with hotfix here; please report it with `hotfix status`.")
     if uncovered:
-        print(f"NOT COVERED on this release (above): {', '.join(name for name, _, _ in uncovered)}.")
+        print(f"NOT COVERED on this release (above): {', '.join(fix.name for fix in uncovered)}.")
     return 0 if healthy else 1
 
 

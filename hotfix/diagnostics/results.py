@@ -99,6 +99,8 @@ class CheckReport:
     #: trainable parameters that get no gradient even without checkpointing: their "equal" (None in
     #: both steps) says nothing about checkpointing (adapters the model never calls, unused heads)
     without_gradient: List[str] = field(default_factory=list)
+    #: "fix: why" for each fix that does not repair here what this model may need (``hotfix.status.not_covered``)
+    not_covered: List[str] = field(default_factory=list)
 
     @property
     def checked_modes(self) -> List[ModeResult]:
@@ -139,6 +141,7 @@ class CheckReport:
             "hotfix_active": self.hotfix_active, "versions": self.versions,
             "tolerance": self.tolerance, "floor": self.floor, "memory_limit": self.memory_limit,
             "parameters": len(self.parameters), "without_gradient": list(self.without_gradient),
+            "not_covered": list(self.not_covered),
             "reference": self.reference.to_dict(), "modes": [m.to_dict() for m in self.modes],
         }
 
@@ -183,4 +186,5 @@ class CheckReport:
                 lines.append(f"  {name}: " + ", ".join(f"{mode} {state}" for mode, state in states.items()))
         lines.append("")
         lines.append("verdict: " + self.verdict)
+        lines += [f"NOT COVERED here: {line}" for line in self.not_covered]
         return "\n".join(lines)

@@ -66,11 +66,11 @@ logging.getLogger("hotfix").addHandler(handler)
 if order == "after":
     import_targets(targets)
 patch = hotfix.known_patches()[name]
-out = {"applied": list(patch.applied_targets), "undo": len(patch._undo)}
+out = {"applied": list(patch.applied_targets), "undo": len(patch.ledger)}
 out["apply_again"] = [patch.apply(sys.modules[t]) for t in targets]
 out["activate_again"] = hotfix.activate()
 out["applied_after_again"] = list(patch.applied_targets)
-out["undo_after_again"] = len(patch._undo)
+out["undo_after_again"] = len(patch.ledger)
 hotfix.revert()
 if order == "before":
     after = touched_objects(targets)

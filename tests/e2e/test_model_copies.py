@@ -5,7 +5,7 @@ hotfix used to store a wrapt wrapper in every checkpointing module's
 define __deepcopy__()/__reduce__()"), ``torch.save`` truncated an existing
 checkpoint to a few hundred bytes, EMA (``AveragedModel``) and spawn workers
 failed.  Now both transformers fixes sit on classes
-(``hotfix.patches._checkpoint_slot``): the model holds only what transformers stored.
+(``hotfix.checkpointing.slot``): the model holds only what transformers stored.
 
 Per checkpointing mode (reentrant, non-reentrant) and model (full Whisper:
 checkpoint-layer-io fix; Whisper with only q/v trainable and nothing else needing

@@ -3,9 +3,10 @@
 * A release is built as PyPI's pipelines build it: ``python -m build`` makes the sdist
   from a clean copy of the repository's files, then the wheel *from that sdist*; both
   pass ``twine check``.  The sdist once lacked the start-up files, and the wheel could
-  not be built from it ("can't copy 'boot/hotfix-checkpoint.pth'").
-* The wheel holds the product only: hotfix/ (API, activation, core, diagnostics),
-  hotfix/patches/ (the fixes and their private helpers), the start-up hook and its
+  not be built from it ("can't copy 'boot/hotfix-checkpoint.pth'"); setup.py now writes
+  them from hotfix/startup/boot.py, which the sdist carries as a module of the package.
+* The wheel holds the product only: hotfix/ (API, activation, core, the checkpoint engine,
+  diagnostics), hotfix/patches/ (the fixes, one module each), the start-up hook and its
   two start-up files.  No test fixture, simulated device, lab model or checkout
   loader: every file is matched against an allow-list.
 * One hotfix, from a checkout or installed.  The checkout keeps ``patches/`` beside
@@ -33,15 +34,15 @@ import zipfile
 from pathlib import Path
 from typing import Dict
 
-import packaging
 import pytest
-import wrapt
 
-from conftest import PRELUDE, REPO, clean_env, hotfix_lines, json_lines, run_python
+from conftest import PRELUDE, REPO, clean_env, dependencies, hotfix_lines, json_lines, run_python
 
 #: every file of the wheel matches one of these (dist-info aside)
 ALLOWED = (
     "hotfix/*.py",
+    "hotfix/checkpointing/*.py",
+    "hotfix/checkpointing/offload/*.py",
     "hotfix/diagnostics/*.py",
     "hotfix/patches/*.py",
     "_hotfix_boot.py",
@@ -103,14 +104,6 @@ def installed_site(wheel: Path, dest: Path) -> Path:
     return dest
 
 
-def dependencies(dest: Path) -> Path:
-    """A folder with only hotfix's two dependencies (links to the test venv's), for ``python -S``."""
-    dest.mkdir()
-    for module in (wrapt, packaging):
-        (dest / module.__name__).symlink_to(Path(module.__file__).parent)
-    return dest
-
-
 # --------------------------------------------------------------------------- the release
 def test_release_builds_the_wheel_from_the_sdist(release):
     """The sdist carries the start-up files, the wheel built from it ships them at the root of
@@ -120,7 +113,7 @@ def test_release_builds_the_wheel_from_the_sdist(release):
 
     with tarfile.open(release["sdist"]) as archive:
         sdist = {name.split("/", 1)[1] for name in archive.getnames() if "/" in name}
-    assert {f"boot/{name}" for name in STARTUP_FILES} <= sdist, sorted(sdist)
+    assert {"setup.py", "hotfix/startup/boot.py"} <= sdist, sorted(sdist)  # what setup.py writes them from
     wheel = set(zipfile.ZipFile(release["wheel"]).namelist())
     fixes = {"hotfix/patches/%s.py" % value.split(":")[0].rsplit(".", 1)[1] for value in pyproject_fixes().values()}
     assert set(STARTUP_FILES) | fixes | {"hotfix/patches/__init__.py"} <= wheel, sorted(wheel)

@@ -138,3 +138,50 @@ def test_a_foreign_hotfix_imported_first_is_named(tmp_path):
     lines = hotfix_lines(proc.stderr)
     assert len(lines) == 1 and "a different module named 'hotfix' is already imported" in lines[0], proc.stderr
     assert str(project / "hotfix.py") in lines[0], lines
+
+
+# --------------------------------------------------------------------------- the fix's own module imported first
+FIX_FIRST = textwrap.dedent(
+    """
+    import io, json, sys
+    import foo_fix  # imports hotfix at its top: hotfix activates while foo_fix is half made
+    import foo_lib.layers
+    import hotfix, hotfix.cli
+    status = io.StringIO()
+    hotfix.cli.status(import_targets=False, out=status)
+    print(json.dumps({"value": foo_lib.layers.value,
+                      "status": [line.strip() for line in status.getvalue().splitlines() if "foo-layers-fix" in line],
+                      "errors": list(hotfix.registry.registry.load_errors.values())}))
+    hotfix.revert(); hotfix.activate()
+    print(json.dumps({"again": foo_lib.layers.value}))
+    """
+)
+#: what the probe prints when the fix was loaded once its module's import finished (in every install mode)
+LOADED = [{"value": 11, "status": ["foo-layers-fix: APPLIED to foo_lib.layers  (from foo-fix)"], "errors": []},
+          {"again": 11}]
+
+
+@pytest.mark.parametrize("mode", ["start-up hook", "pip install --target", "checkout"])
+def test_a_fix_module_imported_before_hotfix_is_loaded_once_its_import_finished(tmp_path, mode):
+    """Issue 40, defect 1: the README's fix module (``from hotfix import Patch`` at its top) imported first.
+    Activation ran while it was half made: "partially initialized module 'foo_fix' has no attribute 'patch'",
+    and the fix was never loaded in that process, not even after ``hotfix.revert(); hotfix.activate()``.  Now it
+    is loaded once its import has finished, applied, and ``hotfix status`` shows it: with the start-up hook, with
+    hotfix in a ``--target`` folder (no hook; ``python -S``), and from a source checkout."""
+    from conftest import REPO, dependencies
+
+    (tmp_path / "library").mkdir()
+    library = _library(tmp_path / "library", True)
+    args, path = ["-c", FIX_FIRST], [library]
+    if mode == "pip install --target":
+        import zipfile
+
+        wheel = sorted((REPO / "dist").glob("hotfix_checkpoint-*.whl"))[-1]  # scripts/test.sh built it
+        target = tmp_path / "target"
+        zipfile.ZipFile(wheel).extractall(target)  # a pure wheel: what pip install --target puts there
+        args, path = ["-S", *args], [library, target, dependencies(tmp_path / "deps")]
+    elif mode == "checkout":
+        args, path = ["-S", *args], [library, REPO, dependencies(tmp_path / "deps")]
+    proc = run_python(args, pythonpath=path, timeout=120)
+    assert json_lines(proc.stdout) == LOADED, proc.stdout + proc.stderr[-3000:]
+    assert hotfix_lines(proc.stderr) == [], proc.stderr

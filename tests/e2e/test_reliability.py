@@ -92,7 +92,7 @@ def test_hotfix_disable_value_space(value, caplog):
     gets exactly one warning naming the variable and the value, and disables.
     The boot module agrees: it stands aside only for the documented spellings
     and leaves every other value to hotfix.config (which warns)."""
-    import _hotfix_boot
+    from hotfix.startup import boot
 
     disabled, warns = DISABLE_CASES[value]
     settings, warnings = _settings({"HOTFIX_DISABLE": value}, caplog)
@@ -101,7 +101,7 @@ def test_hotfix_disable_value_space(value, caplog):
     if warns:
         assert "HOTFIX_DISABLE" in warnings[0] and repr(value) in warnings[0]
     boot_env = {} if value is None else {"HOTFIX_DISABLE": value}
-    assert _hotfix_boot.disabled(boot_env) is (disabled and not warns)
+    assert boot.disabled(boot_env) is (disabled and not warns)
 
 
 @pytest.mark.parametrize("value", list(PATCH_LIST_CASES), ids=repr)

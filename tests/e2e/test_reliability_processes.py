@@ -166,7 +166,7 @@ def test_pth_line_touches_only_its_own_module():
     seen = json_lines(proc.stdout)[0]
     # The boot module is loaded by its path beside the .pth (site's `sitedir`), never by a
     # name on sys.path that a user's own _hotfix_boot.py could shadow.
-    assert 'os.path.join(sitedir, "_hotfix_boot.py")' in seen["line"] and seen["line"].endswith("m.boot()")
+    assert 'os.path.join(sitedir, "_hotfix_boot.py")' in seen["line"] and seen["line"].endswith("m.boot(None)")
     ours = seen["ours"]
     imports = [entry[1] for entry in ours if entry[0] == "import"]
     assert all(args.startswith(("('_frozen_importlib", "('sys'")) for args in imports), ours

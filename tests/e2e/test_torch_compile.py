@@ -5,7 +5,7 @@ tracks closure tensors and parameters itself: compiled reentrant
 checkpointing trains correctly without hotfix (4.56.2).  hotfix's wrapper
 used to be a graph break there ("Dynamo does not know how to trace the
 function FunctionWrapper"; 11 graphs instead of 5, recompiles on guards of
-tensor ids).  The class-level slots (``hotfix.patches._checkpoint_slot``) now hand
+tensor ids).  The class-level slots (``hotfix.checkpointing.slot``) now hand
 dynamo the raw function every module holds (another torch line: tests/versions/test_torch_lines.py).
 
 One child per (backend, model, hotfix on/off): tools/lab/compile_case.py, two compiled

@@ -174,7 +174,7 @@ def main(argv: List[str]) -> int:
         return 0
     import torch
 
-    import hotfix.patches._offload_devices as devices
+    import hotfix.checkpointing.offload.devices as devices
 
     torch.set_num_threads(1)  # tiny ops: threads only add spin-waits (and contend with a parallel child)
     devices.ROUND_BYTES = ROUND_BYTES

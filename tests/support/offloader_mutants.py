@@ -16,8 +16,8 @@ import textwrap
 from dataclasses import dataclass
 from typing import Callable, Dict, Iterator, List, Tuple
 
-import hotfix.patches._offload as offload_module
-from hotfix.patches._offload import ActivationOffloader
+import hotfix.checkpointing.offload.offloader as offload_module
+from hotfix.checkpointing.offload.offloader import ActivationOffloader
 
 EARLY_RELEASE = "reload: lease released before the copy back is queued"
 UNCHANGED = "control: every method recompiled, nothing removed"

@@ -173,7 +173,7 @@ class StreamSanitizer:
         self.race_kinds: collections.Counter = collections.Counter()
         self.stats: collections.Counter = collections.Counter()
 
-    # -- the device interface (patches/_offload_devices.py) -------------------
+    # -- the device interface (hotfix/checkpointing/offload/devices.py) -------------------
     def handles(self, tensor: torch.Tensor) -> bool:
         return tensor.device.type == "cpu"
 

@@ -1,4 +1,4 @@
-"""patches/_checkpoint_inputs.py in-process: tensors that reach a checkpointed layer inside a transformers ``Cache``.
+"""hotfix/checkpointing/inputs.py in-process: tensors that reach a checkpointed layer inside a transformers ``Cache``.
 
 The model mimics 5.x DiffusionGemma: an encoder (not checkpointed) fills a ``DynamicCache`` with keys and
 values, layer after layer, and every decoder layer, handed that cache by keyword (as

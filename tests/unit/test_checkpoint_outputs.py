@@ -1,4 +1,4 @@
-"""patches/_checkpoint_outputs.py in-process: nested and unused outputs of a reentrant checkpoint.
+"""hotfix/checkpointing/outputs.py in-process: nested and unused outputs of a reentrant checkpoint.
 
 Failing without (the nested tensor leaves the checkpoint detached: its producer's parameters get no
 gradient), passing with (every gradient equals the run without checkpointing), and the structure the
@@ -15,8 +15,8 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from hotfix.diagnostics.compare import compare_grads
-from hotfix.patches._checkpoint_inputs import layer_call
-from hotfix.patches._checkpoint_outputs import FlatOutputs
+from hotfix.checkpointing.inputs import layer_call
+from hotfix.checkpointing.outputs import FlatOutputs
 
 Stage = collections.namedtuple("Stage", "hidden extra")
 

@@ -1,4 +1,4 @@
-"""patches/_checkpoint_shared_state.py in-process: tensors a layer stores into a mapping shared across layers.
+"""hotfix/checkpointing/shared_state.py in-process: tensors a layer stores into a mapping shared across layers.
 
 The model mimics 5.x Gemma-4 KV sharing: every layer is handed one ``UserDict`` by keyword (as
 ``GradientCheckpointingLayer`` does, through ``partial``); two "producer" layers store their keys

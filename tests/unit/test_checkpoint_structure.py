@@ -1,4 +1,4 @@
-"""patches/_structure.py: the one traversal every fix uses, one case per container kind.
+"""hotfix/checkpointing/structure.py: the one traversal every fix uses, one case per container kind.
 
 Before issue 31 five walkers decided what a call's arguments hold, each with its own rules (a Mapping
 looked into but not rebuilt, a list at the top of an output taken for a tuple, a Cache copied without
@@ -18,9 +18,9 @@ from collections.abc import Mapping
 import pytest
 import torch
 
-from hotfix.patches._checkpoint_inputs import lift_closure_tensors
-from hotfix.patches._checkpoint_shared_state import SharedStateWrites
-from hotfix.patches._structure import (cache_entries, find_grad_tensors, hides_nothing, holds_tensor, is_plain,
+from hotfix.checkpointing.inputs import lift_closure_tensors
+from hotfix.checkpointing.shared_state import SharedStateWrites
+from hotfix.checkpointing.structure import (cache_entries, find_grad_tensors, hides_nothing, holds_tensor, is_plain,
                                        is_shared_state, rebuild, same, tensors)
 
 cache_utils = pytest.importorskip("transformers.cache_utils")

@@ -19,12 +19,12 @@ from unittest import mock
 import pytest
 import torch
 
-from hotfix.patches._checkpoint_inputs import find_grad_tensors, hides_nothing, lift_closure_tensors
-from hotfix.patches._checkpoint_shared_state import SharedStateWrites
-from hotfix.patches._checkpoint_slot import ATTRIBUTE, CheckpointFunctionSlot, SlotCoverage
+from hotfix.checkpointing.inputs import find_grad_tensors, hides_nothing, lift_closure_tensors
+from hotfix.checkpointing.shared_state import SharedStateWrites
+from hotfix.checkpointing.slot import ATTRIBUTE, CheckpointFunctionSlot, SlotCoverage
 from hotfix.config import parse_disable, parse_log_level, parse_patch_list
 from hotfix.patch import Mechanism, Patch
-from hotfix.reload_watch import ReloadWatcher
+from hotfix.startup.reload_watch import ReloadWatcher
 
 Pair = collections.namedtuple("Pair", "first second")
 
@@ -182,7 +182,7 @@ def test_a_release_older_than_the_fix_reaches_is_not_covered_never_not_needed():
     """Outside every mechanism's range, a fix whose mechanism declares the installed release ``unreached``
     says NOT COVERED in ``hotfix status`` (the bug may be there, unrepaired); one without says not needed;
     inside a range nothing is uncovered.  (wrapt stands for the target: installed everywhere hotfix is.)"""
-    from hotfix.cli import _state
+    from hotfix.status import state
     from hotfix.patch import Mechanism
     from hotfix.versions import reader
 
@@ -201,10 +201,10 @@ def test_a_release_older_than_the_fix_reaches_is_not_covered_never_not_needed():
     older = Older()
     assert older.uncovered_here() == (f"wrapt {wrapt_version} is outside what this fix reaches (wrapt >=999): "
                                       "m-old may be broken here, unrepaired")
-    assert _state(older, False, {}) == "NOT COVERED here: " + older.uncovered_here()
+    assert state(older, False, True, {}) == "NOT COVERED here: " + older.uncovered_here()
     assert Older.mechanisms[1].unreached == {}  # the default: below the range means not needed
     older.mechanisms = Older.mechanisms[1:]
-    assert older.uncovered_here() is None and _state(older, False, {}) == "not needed here"
+    assert older.uncovered_here() is None and state(older, False, True, {}) == "not needed here"
     assert Inside().check().applies and Inside().uncovered_here() is None
 
 
@@ -232,7 +232,8 @@ def test_an_unreadable_declaration_is_one_warning_at_load_never_applied_and_neve
     """Issue 31 item 9: a malformed specifier read as "outside the range": never applied, no line, and
     ``hotfix status`` said "not needed here".  Now: one warning when the fix object is created (its module is
     loaded) naming the fix, the mechanism, the distribution and the specifier; never applied; status says why."""
-    from hotfix.cli import _describe, _state
+    from hotfix.cli import _describe
+    from hotfix.status import state
 
     with caplog.at_level(logging.WARNING, logger="hotfix"):
         fix = type("Unreadable", (_Unreadable,), UNREADABLE[declared])()
@@ -245,8 +246,8 @@ def test_an_unreadable_declaration_is_one_warning_at_load_never_applied_and_neve
         verdict = fix.check()
         assert not verdict.applies and verdict.reason.startswith("invalid declaration: "), verdict
         assert fix.apply(target) is False and not hasattr(target, "added")
-        state = _state(fix, False, {})
-        assert state.startswith("NOT APPLIED: invalid declaration: ") and "not needed" not in state, state
+        said_state = state(fix, False, True, {})
+        assert said_state.startswith("NOT APPLIED: invalid declaration: ") and "not needed" not in said_state, said_state
         lines = []
         _describe(fix, lines.append)  # `hotfix status --verbose` lists no range it cannot read
         assert fix.uncovered_here() is None and fix.mechanisms_here() == () and fix.distributions == ()

@@ -1,4 +1,4 @@
-"""patches/_fork_checkpoint.py in-process, on a stand-in of the forks' Function.
+"""hotfix/checkpointing/forks.py in-process, on a stand-in of the forks' Function.
 
 ``HiddenStatesOnly`` behaves as LlamaFactory's and axolotl's copies of unsloth's first offloading Function do
 (written here from that behaviour, not their code): ``hidden_states`` kept aside, every other argument kept as
@@ -18,7 +18,7 @@ import pytest
 import torch
 from torch import nn
 
-from hotfix.patches._fork_checkpoint import checkpoint_through, function_drift
+from hotfix.checkpointing.forks import checkpoint_through, function_drift
 
 BACKWARD_TWICE = "Trying to backward through the graph a second time"
 
@@ -136,10 +136,10 @@ def hf_grad_checkpoint_offload_wrapper(decoder_layer, *args, use_reentrant=None)
 
 def test_axolotls_wrapper_is_never_handed_hotfixs_wrapper_of_the_call():
     """axolotl's wrapper (a stand-in, written from its behaviour) reads ``.func`` and ``__self__`` from the call and
-    may call that layer in the call's place: hotfix's wrappers of the call (which show the layer, ``_layer_call``)
+    may call that layer in the call's place: hotfix's wrappers of the call (which show the layer, ``checkpointing.layer_call``)
     must run, so the fix's replacement hands them to the Function itself, also not training; transformers' own
     call still goes to axolotl's wrapper there."""
-    from hotfix.patches._checkpoint_outputs import FlatOutputs
+    from hotfix.checkpointing.outputs import FlatOutputs
     from hotfix.patches.axolotl_offload_checkpoint import AxolotlOffloadCheckpoint
 
     module = types.ModuleType("axolotl_like")

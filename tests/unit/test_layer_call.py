@@ -1,4 +1,4 @@
-"""patches/_layer_call.py in-process: which layer a checkpointed call runs, and hotfix's wrappers showing it.
+"""hotfix/checkpointing/layer_call.py in-process: which layer a checkpointed call runs, and hotfix's wrappers showing it.
 
 The lookup (``modules_called`` / ``layer_of``), one case per shape a checkpoint function is handed: transformers'
 bound and partial calls of every release, 5.x's ``partial(forward, layer)``, partials of wrappers, wrappers
@@ -29,10 +29,10 @@ from hotfix.diagnostics.compare import collect_grads, compare_grads
 from hotfix.patches import transformers_checkpoint_layer_io as layer_io
 from hotfix.patches import transformers_ddp_find_unused as ddp_fix
 from hotfix.patches import transformers_frozen_inputs as frozen_inputs
-from hotfix.patches._checkpoint_inputs import anchored, lift_closure_tensors
-from hotfix.patches._checkpoint_outputs import FlatOutputs
-from hotfix.patches._checkpoint_shared_state import SharedStateWrites
-from hotfix.patches._layer_call import layer_of, modules_called
+from hotfix.checkpointing.inputs import anchored, lift_closure_tensors
+from hotfix.checkpointing.outputs import FlatOutputs
+from hotfix.checkpointing.shared_state import SharedStateWrites
+from hotfix.checkpointing.layer_call import layer_of, modules_called
 
 
 class Layer(nn.Module):

@@ -85,7 +85,7 @@ def test_doctor_on_5_5_1_says_not_covered_and_still_runs_its_cases(transformers_
 
 def test_an_applied_fix_with_a_lost_mechanism_says_both():
     """Applied where its range holds, and NOT COVERED for what upstream drops there (wrapt stands for the target)."""
-    from hotfix.cli import _state
+    from hotfix.status import state
 
     class Partly(Patch):
         name = "unit-partly"
@@ -94,7 +94,7 @@ def test_an_applied_fix_with_a_lost_mechanism_says_both():
     fix = Partly()
     assert fix.check().applies
     assert fix.uncovered_here().endswith(": the layer drops its cache: m broken here, and hotfix cannot restore it")
-    assert _state(fix, False, {}).endswith("; NOT COVERED here: " + fix.uncovered_here())
+    assert state(fix, False, True, {}).endswith("; NOT COVERED here: " + fix.uncovered_here())
     fix.mechanisms = (Mechanism("m", {"wrapt": ">=1"}, lost=(Lost({"wrapt": "<1"}, "elsewhere"),)),)
     assert fix.uncovered_here() is None
 
@@ -123,3 +123,32 @@ def test_a_lost_declaration_naming_its_models_as_a_tuple_or_a_list_is_valid_and_
     fix = Named()
     assert fix.declaration_error() is None and fix.check().applies
     assert fix.uncovered_here().endswith(": the layer drops its cache: m broken here, and hotfix cannot restore it")
+
+
+def test_check_model_says_not_covered_for_the_model_it_checked_only(monkeypatch):
+    """One policy for status, doctor and check-model (hotfix.status.not_covered): check-model names what upstream
+    drops on the installed release for the model it checked (``Lost.model_types``), and nothing for another
+    model, where ``hotfix status`` (which knows no model) names it for every one."""
+    import torch
+
+    from hotfix.diagnostics.checker import check_model
+    from hotfix.registry import registry
+
+    class About(Patch):
+        name = "unit-about"
+        mechanisms = (Mechanism("m", {"wrapt": ">=1"}, lost=(Lost({"wrapt": ">=1"}, "the lab model drops it",
+                                                                   ("lab_model",)),)),)
+
+    fix = About()
+    monkeypatch.setattr(registry, "patches", lambda: {fix.name: fix})
+    monkeypatch.setattr(registry, "active", True)
+
+    def report(model_type):
+        model = torch.nn.Sequential(torch.nn.Linear(4, 4))
+        model.config = types.SimpleNamespace(model_type=model_type)
+        return check_model(model, torch.randn(2, 4), loss_fn=lambda out, batch: out.sum(), modes=["reentrant"])
+
+    lab, other = report("lab_model"), report("whisper")
+    assert lab.not_covered == [f"unit-about: {fix.uncovered_here('lab_model')}"] and "the lab model drops it" in \
+        lab.format().splitlines()[-1]
+    assert other.not_covered == [] and fix.uncovered_here("whisper") is None and fix.uncovered_here() is not None

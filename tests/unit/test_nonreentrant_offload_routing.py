@@ -21,17 +21,22 @@ import wrapt
 
 from hotfix.diagnostics.compare import collect_grads, compare_grads
 from hotfix.patches import unsloth_zoo_nonreentrant_offload as fix_module
-from hotfix.patches._unsloth_checkpoint_shape import CLASS_NAME, MODULE
+from hotfix.checkpointing.unsloth import CLASS_NAME, MODULE
+
+#: the fix the routing relies on under a searching DDP forward (hotfix.relations.RELIANCES)
+DDP_FIX = "transformers-ddp-find-unused"
 
 
 class RecordingFix:
-    """What the wrapper reports through: its repaired() and warn_once() calls."""
+    """What the wrapper reports through: its repaired() and warn_once() calls; the fixes it relies on, applied
+    (this process's registry is not asked: ``missing`` answers)."""
 
     name = fix_module.UnslothZooNonreentrantOffload.name
 
-    def __init__(self):
+    def __init__(self, missing=lambda under_ddp=False: []):
         self.repairs, self.warnings = [], []
         self.applied_targets = ("transformers.modeling_utils", MODULE)
+        self.missing = missing
 
     def repaired(self, what, call=None):
         self.repairs.append(what)
@@ -56,8 +61,6 @@ def release(monkeypatch):
     module.forwards = forwards
     module.swap = lambda: monkeypatch.setattr(tuc, "CheckpointFunction", UnslothCheckpointFunction)
     monkeypatch.setitem(sys.modules, MODULE, module)
-    # the fixes reentrant calls need are applied (this process's registry is the next test's business)
-    monkeypatch.setattr(fix_module, "missing_repairs", lambda under_ddp: [])
     return module
 
 
@@ -143,35 +146,38 @@ def test_under_a_searching_ddp_forward_only_with_the_ddp_fix(release, monkeypatc
     from torch.nn.parallel import DistributedDataParallel
 
     release.swap()
-    layers, fix = _layers(), RecordingFix()
+    asked = []
+    layers, fix = _layers(), RecordingFix(lambda under_ddp=False: asked.append(under_ddp) or
+                                          ([DDP_FIX] if under_ddp else []))
     reference = _step(layers)
     searching = types.SimpleNamespace(find_unused_parameters=True, static_graph=False, require_backward_grad_sync=True)
     monkeypatch.setattr(DistributedDataParallel, "_active_ddp_module", searching, raising=False)
     stored = functools.partial(tuc.checkpoint, use_reentrant=False)
-    asked = []
-    monkeypatch.setattr(fix_module, "missing_repairs", lambda under_ddp: asked.append(under_ddp) or
-                        ([fix_module.DDP_FIX] if under_ddp else []))
     assert compare_grads(reference, _step(layers, stored, fix)).ok
-    assert release.forwards == [] and fix.repairs == [] and fix.warnings and fix_module.DDP_FIX in fix.warnings[0]
-    assert "DistributedDataParallel" in fix.warnings[0] and asked[0] is True
+    assert release.forwards == [] and fix.repairs == [] and fix.warnings and DDP_FIX in fix.warnings[0]
+    assert "DistributedDataParallel" in fix.warnings[0] and True in asked
     # static_graph (or no_sync): DDP does not search, reentrant needs no DDP fix
     searching.static_graph = True
     assert compare_grads(reference, _step(layers, stored, fix)).ok and release.forwards == [1, 1, 1]
     assert asked[-1] is False
 
 
-def test_without_the_fixes_reentrant_calls_need_the_call_stays_non_reentrant(release, monkeypatch):
-    """transformers-checkpoint-layer-io opted out: routed, a Whisper-style call would crash; left alone, said once."""
-    from hotfix.registry import registry
+def test_without_the_fixes_reentrant_calls_need_the_call_stays_non_reentrant(release):
+    """transformers-checkpoint-layer-io opted out: routed, a Whisper-style call would crash; left alone, said once.
+    The fix's own ``missing`` over the fixes bound to it (``hotfix.relations``), one of them not applied."""
+    from hotfix import relations
 
-    monkeypatch.undo()  # the real missing_repairs, over a registry where one of the two is not applied
-    monkeypatch.setitem(sys.modules, MODULE, release)
     release.swap()
-    applied = {name: types.SimpleNamespace(applied=name != "transformers-checkpoint-layer-io")
-               for name in (*fix_module.REENTRANT_REPAIRS, fix_module.DDP_FIX)}
-    monkeypatch.setattr(registry, "patches", lambda: applied)
-    assert fix_module.missing_repairs(False) == ["transformers-checkpoint-layer-io"]
-    layers, fix = _layers(), RecordingFix()
+    fix = fix_module.UnslothZooNonreentrantOffload()
+    others = {name: types.SimpleNamespace(name=name, applied=name != "transformers-checkpoint-layer-io")
+              for name in ("transformers-checkpoint-layer-io", "transformers-frozen-inputs", DDP_FIX)}
+    fix.bind_reliances(relations.reliances_of(fix.name, others))
+    assert fix.missing() == ["transformers-checkpoint-layer-io"]
+    fix.repairs, fix.warnings = [], []
+    fix.repaired = lambda what, call=None: fix.repairs.append(what)
+    fix.warn_once = lambda key, message: fix.warnings.append(message)
+    fix._applied_targets.append(MODULE)
+    layers = _layers()
     reference = _step(layers)
     assert compare_grads(reference, _step(layers, functools.partial(tuc.checkpoint, use_reentrant=False), fix)).ok
     assert release.forwards == [] and fix.repairs == []

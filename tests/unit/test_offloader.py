@@ -1,4 +1,4 @@
-"""hotfix.patches._offload and the replacement checkpoint Function, in this process, on CPU.
+"""hotfix.checkpointing.offload.offloader and the replacement checkpoint Function, in this process, on CPU.
 
 The offloader runs on tools/lab/simulated_device.py's SimulatedDevice: real copies between CPU
 tensors, with every wait / copy / allocation logged, so the stream ordering,
@@ -14,7 +14,7 @@ import gc as garbage
 import pytest
 import torch
 
-from hotfix.patches._offload import OFFLOAD_MESSAGE, ActivationOffloader, CudaDevice
+from hotfix.checkpointing.offload.offloader import OFFLOAD_MESSAGE, ActivationOffloader, CudaDevice
 from simulated_device import SimulatedDevice
 from hotfix.patches.unsloth_zoo_offload_backward import build_checkpoint_methods
 
@@ -96,7 +96,7 @@ def test_pool_takes_a_buffer_of_a_mixed_size_free_list():
     """list.remove compared buffers with == (elementwise on tensors): with free buffers of two sizes (Whisper's
     encoder and decoder activations), taking one that was not first raised 'The size of tensor a ... must match'.
     Found by the stream-ordering cases (tests/versions/test_offload_stream_order.py)."""
-    from hotfix.patches._offload_devices import HostBufferPool
+    from hotfix.checkpointing.offload.devices import HostBufferPool
 
     pool = HostBufferPool(lambda n: torch.empty(n, dtype=torch.uint8))
     big, small = pool.acquire(200 * 1024), pool.acquire(64 * 1024)

@@ -19,7 +19,7 @@ import types
 import pytest
 import torch
 
-from hotfix.patches._unsloth_checkpoint_shape import checkpoint_function_drift
+from hotfix.checkpointing.unsloth import checkpoint_function_drift
 from hotfix.patches.unsloth_zoo_closure_tensors import UnslothZooClosureTensors
 
 C_APPLY = torch._C._FunctionBase.__dict__["apply"]

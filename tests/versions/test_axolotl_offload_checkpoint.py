@@ -7,7 +7,8 @@ with, every gradient compared (1e-6).  0.19.0 (latest) and 0.14.0 (the last whos
 ``(output,) = ...``) with transformers 5.0.0 (0.14.0's pin; 0.19.0 pins 5.16.1, whose layers call the checkpoint
 as 5.0.0's do, where 5.23.0's no longer show axolotl's wrapper a bound layer call): each defect reproduces
 upstream (HOTFIX_DISABLE=1), then with hotfix activated in the same process every case is equal.  Hotfix with
-this fix opted out breaks axolotl's wrapper.  Every release on PyPI: the stored rows (docs/census/forks/)
+this fix opted out leaves axolotl's wrapper as upstream has it; axolotl's module importing transformers first
+gets the fix once its import finished.  Every release on PyPI: the stored rows (docs/census/forks/)
 against the declared ranges.
 """
 
@@ -78,10 +79,41 @@ def test_offload_disk_broken_upstream_equal_with_hotfix():
         _equal(results[("hotfix", case)])
 
 
-def test_hotfix_without_this_fix_breaks_axolotls_wrapper():
-    results, _ = _cases("0.19.0", "axolotl-offload", ["plain"], env={"HOTFIX_DISABLED_PATCHES": FIX})
-    assert results[("hotfix", "plain")]["status"] == "crash"
-    assert "has no attribute 'func'" in results[("hotfix", "plain")]["error"]
+def test_hotfix_without_this_fix_leaves_axolotls_wrapper_as_upstream():
+    """This fix opted out: hotfix's transformers fixes step aside for axolotl's own wrapper (hotfix.relations), so
+    every case runs as upstream does: what the copy was written for trains equal, the keyword case fails as it
+    does upstream.  It crashed every run before ("'FlatOutputs' object has no attribute 'func'")."""
+    results, proc = _cases("0.19.0", "axolotl-offload", ["plain", "keyword"], env={"HOTFIX_DISABLED_PATCHES": FIX})
+    _equal(results[("hotfix", "plain")])
+    assert BACKWARD_TWICE in results[("hotfix", "keyword")]["error"]
+    assert "has no attribute 'func'" not in proc.stdout + proc.stderr
+
+
+#: a process whose first import of transformers is axolotl's checkpointing module (its body imports it): the
+#: start-up hook activates hotfix there, while that module is half made
+AXOLOTL_FIRST = """
+import json, sys
+import fork_loader
+module = fork_loader.load("axolotl")
+import hotfix, fork_cases
+patch = hotfix.known_patches()["axolotl-offload-checkpoint"]
+enable, _ = fork_loader.enabler("axolotl-offload", module)
+print(json.dumps({"applied": list(patch.applied_targets), "error": patch.last_error,
+                  "plain": fork_cases.run_case("plain", enable)["status"],
+                  "keyword": fork_cases.run_case("keyword", enable)["status"]}))
+"""
+
+
+def test_axolotls_module_importing_transformers_first_gets_this_fix_once_its_import_finished():
+    """axolotl's checkpointing module is the first of the process to import transformers: the start-up hook
+    activates hotfix while that module is half made.  The fix used to be applied right then ("skipped: ... none
+    of hf_grad_checkpoint_offload_wrapper, ... is there") and every run crashed.  Now it waits for that import to
+    finish: applied, every case equal."""
+    path = [matrix_path("axolotl", "0.19.0"), matrix_path("transformers", RELEASES["0.19.0"]), TOOLS / "sweep"]
+    proc = run_python(["-c", AXOLOTL_FIRST], pythonpath=path, timeout=300)
+    found = json_lines(proc.stdout)
+    assert found == [{"applied": ["axolotl.monkeypatch.gradient_checkpointing"], "error": None, "plain": "equal",
+                      "keyword": "equal"}], proc.stdout[-2000:] + proc.stderr[-3000:]
 
 
 def test_declared_ranges_equal_the_fork_census():

@@ -30,7 +30,7 @@ fp32), so the offloaded input the recomputation starts from is the exact one:
   in the same run.
 
 A missing gradient is never equal.  HOTFIX_GPU_MUTATION=drop-grad drops one gradient in
-every hotfix run: the equality tests must then fail (tests/e2e/test_gpu_kit.py checks so).
+every hotfix run: the equality tests must then fail (tests/lab/test_gpu_kit.py checks so).
 HOTFIX_GPU_OUT: a folder where every case's result row is kept (gpu-test-cases.jsonl).
 """
 

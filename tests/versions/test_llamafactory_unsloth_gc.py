@@ -61,7 +61,7 @@ def test_use_unsloth_gc_broken_upstream_equal_with_hotfix():
 def test_llamafactorys_wrapper_reads_the_layer_from_hotfixs_wrappers():
     """Every checkpointed call goes through LlamaFactory's wrapper, which reads the layer from the call
     (``func.__self__``).  hotfix's transformers fixes hand it their own wrapper of the call, which shows the
-    layer as the call does (patches/_layer_call.py; before: "AttributeError: 'FlatOutputs' object has no
+    layer as the call does (hotfix/checkpointing/layer_call.py; before: "AttributeError: 'FlatOutputs' object has no
     attribute '__self__'"), with this fix opted out too.  keyword, keyword-frozen-first:
     transformers-checkpoint-layer-io's repair (its lifting closure) through LlamaFactory's wrapper."""
     cases = ["plain", "keyword", "keyword-frozen-first"]

@@ -16,7 +16,7 @@ def test_gemma4_kv_sharing_gradients_wrong_upstream_and_exact_with_hotfix(tmp_pa
     handed to every layer).  Under reentrant checkpointing the storing layer's forward runs without grad,
     so the later layers read constants: upstream 24 of 63 gradients WRONG in full fine-tuning (up to 46 %
     relative), 6 of 12 LoRA adapters, through torch's and unsloth's function alike, no error;
-    non-reentrant checkpointing is exact.  With hotfix (patches/_checkpoint_shared_state.py) the stored
+    non-reentrant checkpointing is exact.  With hotfix (hotfix/checkpointing/shared_state.py) the stored
     tensors become checkpoint outputs and every gradient equals the run without checkpointing."""
     rows = run_sweep(tmp_path, "5.23.0", "gemma4+kv_shared", "full,lora")
     # silently wrong upstream, not missing, no error
@@ -28,7 +28,7 @@ def test_diffusion_gemma_cache_crashes_upstream_and_is_exact_with_hotfix(tmp_pat
     DynamicCache handed to every layer by keyword).  Under reentrant checkpointing each decoder layer's
     recomputation reaches the encoder's graph through the cache: upstream "Trying to backward through the
     graph a second time", through torch's and unsloth's function; non-reentrant is exact.  With hotfix
-    (patches/_checkpoint_inputs.py searches caches) the cached tensors become checkpoint inputs: every
+    (hotfix/checkpointing/inputs.py searches caches) the cached tensors become checkpoint inputs: every
     gradient (76) equals the run without checkpointing.  Full fine-tuning only here; the sweep runs LoRA."""
     rows = run_sweep(tmp_path, "5.23.0", "diffusion_gemma", "full")
     assert_sweep_cells(rows, 4, upstream=lambda reentrant: reentrant["status"] == "crash"

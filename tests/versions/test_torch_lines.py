@@ -1,7 +1,7 @@
 """hotfix on other torch lines than the test venv's: torch.compile over reentrant checkpointing on torch 2.11 and 2.7.
 
 Two crashes with hotfix active where upstream trains, both in the checkpoint slot
-(patches/_checkpoint_slot.py), torch's and unsloth's checkpoint function alike:
+(hotfix/checkpointing/slot.py), torch's and unsloth's checkpoint function alike:
 
 * torch 2.11: ``InternalTorchDynamoError: RecursionError`` in the slot's ``__get__``: that dynamo
   answers ``instance.__dict__[name]`` by reading the attribute ``name``, through the slot again.

@@ -13,6 +13,8 @@ bench/results/<UTC time>.json (git-ignored).
 
 Benchmarks
   startup     ``python -c pass`` with hotfix installed vs not installed
+  startup-path  ``python -c "import json"`` with a 100,000-file folder on PYTHONPATH, and with 5,000 PYTHONPATH
+              entries: hotfix on vs HOTFIX_DISABLE=1 in the same venv (the hook's look for third-party fixes)
   activation  first ``import transformers.models.whisper.modeling_whisper``, same two environments,
               plus the time spent inside hotfix measured in-process
   wrapper     Bart training step with reentrant checkpointing, hotfix active vs reverted
@@ -47,13 +49,13 @@ BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))  # the benchmark modules beside this file
 
 from bench_common import REPO, bench_venvs, fmt, load, machine  # noqa: E402
-from startup_bench import bench_activation, bench_startup  # noqa: E402
+from startup_bench import bench_activation, bench_startup, bench_startup_path  # noqa: E402
 from training_bench import bench_memory, bench_whisper, bench_wrapper  # noqa: E402
 from unsloth_bench import bench_unsloth  # noqa: E402
 
 
 # ---------------------------------------------------------------------------- main
-ALL = ("startup", "activation", "wrapper", "whisper", "memory", "unsloth")
+ALL = ("startup", "startup-path", "activation", "wrapper", "whisper", "memory", "unsloth")
 
 
 def main(argv=None):
@@ -70,7 +72,7 @@ def main(argv=None):
     if unknown:
         parser.error(f"unknown benchmark(s) {unknown}; choose from {list(ALL)}")
     q = args.quick
-    reps = {"startup": 10 if q else 30, "activation": 3 if q else 9, "wrapper": 5 if q else 15,
+    reps = {"startup": 10 if q else 30, "startup-path": 5 if q else 15, "activation": 3 if q else 9, "wrapper": 5 if q else 15,
             "whisper": 3 if q else 7, "memory": 1 if q else 3, "unsloth": 5 if q else 11}
 
     if args.threads:
@@ -82,12 +84,14 @@ def main(argv=None):
     for key, value in info.items():
         print(f"  {key}: {value}")
     results = {"machine": info}
-    venvs = bench_venvs() if {"startup", "activation", "memory"} & set(chosen) else None
+    venvs = bench_venvs() if {"startup", "startup-path", "activation", "memory"} & set(chosen) else None
     for name in chosen:
         print(f"\n== {name}  (load average before: {' '.join(f'{x:.2f}' for x in load())})", flush=True)
         started = time.perf_counter()
         if name == "startup":
             out = bench_startup(reps[name], venvs)
+        elif name == "startup-path":
+            out = bench_startup_path(reps[name], venvs)
         elif name == "activation":
             out = bench_activation(reps[name], venvs)
         elif name == "wrapper":

@@ -1,8 +1,10 @@
-"""Benchmarks 1-2: interpreter start-up and first-import activation, hotfix installed vs not."""
+"""Benchmarks 1-3: interpreter start-up, first-import activation, hotfix installed vs not; a first import with
+a large ``sys.path`` (issue 40, defect 2: the start-up hook's scan for third-party fixes)."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 
 from bench_common import CHILD_CWD, env_without_hotfix_vars, interleaved_processes, median, summary
@@ -20,6 +22,45 @@ def bench_startup(reps, venvs):
     out = {name: summary(ts) for name, ts in times.items()}
     out["ratio installed / not installed"] = median(times["installed"]) / median(times["not installed"])
     out["target"] = "<= 1.10"
+    return out
+
+
+# ---------------------------------------------------------------------------- 1b a large sys.path
+#: the two shapes of sys.path measured: a folder of this many files on PYTHONPATH, and this many path entries
+BIG_FOLDER_FILES = 100_000
+PATH_ENTRIES = 5_000
+
+
+def _big_paths():
+    """(a folder holding BIG_FOLDER_FILES files, PATH_ENTRIES empty folders), made once under the bench folder."""
+    root = CHILD_CWD / "big-path"
+    folder, entries = root / "folder", [root / "entries" / f"e{i}" for i in range(PATH_ENTRIES)]
+    if not (root / ".complete").exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        for i in range(BIG_FOLDER_FILES):
+            (folder / f"data_{i:06d}.bin").touch()
+        for entry in entries:
+            entry.mkdir(parents=True, exist_ok=True)
+        (root / ".complete").touch()
+    return folder, entries
+
+
+def bench_startup_path(reps, venvs):
+    """``python -c "import json"`` in the venv with hotfix, on and off (HOTFIX_DISABLE=1): its first top-level
+    import is where the start-up hook looks for third-party fixes' metadata on sys.path."""
+    with_hotfix, _ = venvs
+    folder, entries = _big_paths()
+    out = {}
+    for label, pythonpath in ((f"a {BIG_FOLDER_FILES:,}-file folder on PYTHONPATH", [folder]),
+                              (f"{PATH_ENTRIES:,} PYTHONPATH entries", entries)):
+        env = dict(env_without_hotfix_vars(), PYTHONPATH=os.pathsep.join(map(str, pythonpath)))
+        times = interleaved_processes({
+            "HOTFIX_DISABLE=1": ([with_hotfix, "-c", "import json"], {**env, "HOTFIX_DISABLE": "1"}),
+            "hotfix on": ([with_hotfix, "-c", "import json"], env),
+        }, reps, warmup=2)
+        out[label] = {name: summary(ts) for name, ts in times.items()}
+        out[label]["ratio on / off"] = median(times["hotfix on"]) / median(times["HOTFIX_DISABLE=1"])
+    out["target"] = "<= 1.05"
     return out
 
 

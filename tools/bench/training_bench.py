@@ -14,7 +14,7 @@ def bench_wrapper(reps):
     import torch
 
     import hotfix
-    import hotfix.patches._checkpoint_inputs as ci
+    import hotfix.checkpointing.inputs as ci
     import workloads
 
     model, batch = workloads.bart()

@@ -158,7 +158,7 @@ def main(argv=None):
                         steps[side] = []
                 steps[side].append(_step_s(baseline if side == "without" else model, hidden))
         hotfix.activate()
-        from hotfix.patches._checkpoint_slot import slots_on
+        from hotfix.checkpointing.slot import slots_on
 
         slots = [f"{slot.wrapper.__module__}.{slot.wrapper.__name__}" for slot in slots_on(type(probe.layers[0]))]
         with_us, without_us = statistics.median(calls["with"]), statistics.median(calls["without"])

@@ -67,11 +67,13 @@ CASES = tuple(COLUMN)
 #: fork -> column -> the mechanism of its fix (the rows' "mechanism")
 MECHANISMS = {
     # wrapped-call: LlamaFactory's wrapper reads func.__self__, which hotfix's wrappers of the call show
-    # (patches/_layer_call.py): no mechanism of its fix, the column stays as a check that it keeps working
+    # (hotfix/checkpointing/layer_call.py): no mechanism of its fix, the column stays as a check that it keeps working
     "llamafactory": {"extra-inputs": "unsloth-gc-extra-inputs", "several-outputs": "unsloth-gc-several-outputs",
                      "tensor-output": "unsloth-gc-tensor-output"},
+    # axolotl's too since 2026-11-28: hotfix's transformers fixes leave axolotl's own wrapper alone where its fix is
+    # not applied (hotfix.relations), so the column shows hotfix without it running as upstream
     "axolotl": {"extra-inputs": "offload-extra-inputs", "several-outputs": "offload-several-outputs",
-                "tensor-output": "offload-tensor-output", "wrapped-call": "offload-wrapped-call"},
+                "tensor-output": "offload-tensor-output"},
 }
 #: column -> (phase whose verdict a mechanism's range declares, the functions whose cells count): torch's own
 #: checkpoint behind LlamaFactory's wrapper has transformers' keyword bug (transformers-checkpoint-layer-io)
@@ -79,7 +81,6 @@ GATE_CELLS = {
     "extra-inputs": ("upstream", ("llamafactory-unsloth", "axolotl-offload", "axolotl-offload-disk")),
     "several-outputs": ("upstream", ("llamafactory-unsloth", "axolotl-offload", "axolotl-offload-disk")),
     "tensor-output": ("upstream", ("llamafactory-unsloth", "axolotl-offload", "axolotl-offload-disk")),
-    "wrapped-call": ("hotfix-without-fix", tuple(f for functions in FUNCTIONS.values() for f in functions)),
 }
 PHASES = ("upstream", "hotfix", "hotfix-without-fix")
 

@@ -137,7 +137,7 @@ def run(args) -> dict:
     # --second-model: another model of the type with checkpointing enabled, alive while this one trains (a
     # policy beside a reference model, two runs in one notebook).  The layers of the two hold two checkpoint
     # functions: ``same`` (reentrant too) binds the same options, which hotfix's slot hands dynamo as one;
-    # ``non-reentrant`` another, so each layer reads its own (patches/_checkpoint_slot.py)
+    # ``non-reentrant`` another, so each layer reads its own (hotfix/checkpointing/slot.py)
     second = BUILDERS[args.model](1)[0] if args.second_model else None
     if second is not None:
         second.gradient_checkpointing_enable(

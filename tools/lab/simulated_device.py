@@ -1,7 +1,7 @@
-"""A CPU stand-in for the offloader's CUDA device (patches/_offload_devices.py) that records what it is asked to do.
+"""A CPU stand-in for the offloader's CUDA device (hotfix/checkpointing/offload/devices.py) that records what it is asked to do.
 
 Used by the tests and benchmarks to drive hotfix's activation offloader
-(patches/_offload.py) without a GPU: ``offloader.use_device(SimulatedDevice())``.
+(hotfix/checkpointing/offload/offloader.py) without a GPU: ``offloader.use_device(SimulatedDevice())``.
 Copies run at once, in program order; it proves the calls are made, and the
 tests' stream-ordering device (tests/support/) proves they are enough.
 """

@@ -76,12 +76,12 @@ def to_dtype(value, dtype):
     token ids, masks and anything else unchanged (``--dtype float64``: batch and model in one dtype)."""
     import torch
 
-    from hotfix.patches._checkpoint_inputs import map_structure
+    from hotfix.checkpointing.structure import rebuild
 
     def is_float(item):
         return isinstance(item, torch.Tensor) and item.is_floating_point()
 
-    return map_structure(value, is_float, lambda tensor: tensor.to(dtype))
+    return rebuild(value, is_float, lambda tensor: tensor.to(dtype))
 
 
 def image_token_key(config):

@@ -8,10 +8,10 @@ arrives by keyword, inside a container, in a shared mapping or in a transformers
 history ("Trying to backward through the graph a second time").  ``lift_closure_tensors`` rewrites
 the call so that those tensors travel as extra positional inputs; the checkpoint's forward calls
 the layer with the original objects, the recomputation with rebuilt copies holding the inputs'
-twins (``_structure.rebuild``: containers and caches copied, so the recomputation never writes
-into the caller's).  What counts as a container is ``_structure``'s one definition.
+twins (``checkpointing.structure.rebuild``: containers and caches copied, so the recomputation never writes
+into the caller's).  What counts as a container is ``checkpointing.structure``'s one definition.
 :func:`anchored` adds a 0-byte input needing grad, for the fixes that must make a checkpoint node
-exist (or make its first input need grad).  Both show the layer as the call does (``_layer_call``).
+exist (or make its first input need grad).  Both show the layer as the call does (``checkpointing.layer_call``).
 docs/fixes/transformers-checkpoint-layer-io.md.
 """
 
@@ -22,14 +22,11 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import torch
 
-from hotfix.patches._layer_call import ShownCall
-from hotfix.patches._structure import find_grad_tensors, hides_nothing, rebuild
+from hotfix.checkpointing.layer_call import ShownCall
+from hotfix.checkpointing.structure import find_grad_tensors, hides_nothing, is_tensor, rebuild
 
 __all__ = ["anchored", "first_input_needs_grad", "lift_closure_tensors", "find_grad_tensors", "hides_nothing",
-           "is_reentrant", "layer_call", "map_structure"]
-
-#: the one rebuild of a structure (``_structure.rebuild``), under the name tools/ use
-map_structure = rebuild
+           "is_reentrant", "layer_call"]
 
 
 def is_reentrant(checkpoint: Any, kwargs: dict) -> bool:
@@ -45,7 +42,7 @@ def is_reentrant(checkpoint: Any, kwargs: dict) -> bool:
 
 
 def layer_call(function: Any) -> Any:
-    """The layer call (a partial, where it is one) inside wrappers that name it in ``__wrapped__`` (``_layer_call``)."""
+    """The layer call (a partial, where it is one) inside wrappers that name it in ``__wrapped__`` (``checkpointing.layer_call``)."""
     for _ in range(8):
         inner = getattr(function, "__wrapped__", None) if not isinstance(function, functools.partial) else None
         if inner is None or inner is function:
@@ -54,20 +51,17 @@ def layer_call(function: Any) -> Any:
     return function
 
 
-def _is_tensor(value: Any) -> bool:
-    return isinstance(value, torch.Tensor)
-
 
 def _substitute(value: Any, replacement: dict) -> Any:
     """``value`` rebuilt with each lifted tensor swapped for its recomputation twin (in caches too)."""
-    return rebuild(value, _is_tensor, lambda tensor: replacement.get(id(tensor), tensor))
+    return rebuild(value, is_tensor, lambda tensor: replacement.get(id(tensor), tensor))
 
 
 def anchored(function: Callable, inputs: Sequence[Any], first: bool = False) -> Tuple[Callable, Tuple[Any, ...]]:
     """``(function', inputs')``: ``inputs`` with a 0-byte leaf needing grad added, dropped again before ``function``.
 
     Last by default; ``first`` where the checkpoint's backward returns gradients for its later
-    inputs only when the first one needs grad (``_unsloth_checkpoint_shape.FirstInputRule``).
+    inputs only when the first one needs grad (``checkpointing.unsloth.FirstInputRule``).
     """
     device = next((item.device for item in inputs if isinstance(item, torch.Tensor)), None)
     anchor = torch.empty(0, device=device, requires_grad=True)

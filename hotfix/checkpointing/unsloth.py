@@ -1,7 +1,7 @@
-"""What the fixes rely on in unsloth-zoo's ``UnslothCheckpointFunction`` (a helper, not a fix).
+"""What the fixes rely on in unsloth-zoo's ``UnslothCheckpointFunction``.
 
-Kept beside the fixes that use it, so no fix imports another: both unsloth-zoo fixes check its
-shape here, and every fix that adds a checkpoint input asks :class:`FirstInputRule` where to put it.
+Both unsloth-zoo fixes check its shape here (:func:`checkpoint_function_drift`), and every fix that
+adds a checkpoint input asks :class:`FirstInputRule` where to put it.
 """
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ import sys
 import types
 from typing import Any, Optional, Tuple
 
-from hotfix.patch import check_range
+from hotfix.gate import check_range
+from hotfix.relations import UNSLOTH_FUNCTION
 
 MODULE = "unsloth_zoo.gradient_checkpointing"
 CLASS_NAME = "UnslothCheckpointFunction"
@@ -22,25 +23,25 @@ CLASS_NAME = "UnslothCheckpointFunction"
 #: unsloth-zoo-offload-backward's mechanism of that name is this range.
 FIRST_INPUT_ONLY = {"unsloth-zoo": ">=2025.1.1,<2026.8.11"}
 
-#: set on a backward that returns a gradient for every input (unsloth-zoo-offload-backward's replacement)
-EVERY_GRADIENT = "hotfix_returns_every_gradient"
-
 
 class FirstInputRule:
-    """Must a checkpoint input that a fix adds come after a first input that needs grad?
+    """Must a checkpoint input that ``fix`` adds come after a first input that needs grad?
 
     Where an affected release's own backward is in place (unsloth-zoo-offload-backward opted out, or not
     applied), a call whose first input needs no grad but a later one does gets one gradient back
     for all of its inputs: "UnslothCheckpointFunctionBackward returned an incorrect number of
     gradients".  A fix that adds an input needing grad behind a frozen first input (the frozen-inputs
     anchor, lifted closure tensors) then puts a 0-byte anchor first instead
-    (``_checkpoint_inputs.anchored(first=True)``): the node's backward returns every gradient.  Wherever
+    (``checkpointing.inputs.anchored(first=True)``): the node's backward returns every gradient.  Wherever
     such a release is loaded, whichever checkpoint function the call goes through (the anchor first is
-    harmless to any other).  The answer is kept per ``backward`` object: decided once, re-decided when
-    a fix replaces or restores it.
+    harmless to any other).  Whether the backward in place is one that returns every gradient is asked of
+    the fixes ``fix`` relies on for it (``hotfix.relations.UNSLOTH_FUNCTION``: did one of them put it
+    there).  The answer is kept per ``backward`` object: decided once, re-decided when a fix replaces or
+    restores it.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, fix: Any) -> None:
+        self._fix = fix
         self._known: Tuple[Any, bool] = (None, False)
 
     def needs_grad_first(self) -> bool:
@@ -50,8 +51,8 @@ class FirstInputRule:
         backward = cls.__dict__.get("backward")
         known, answer = self._known
         if backward is None or backward is not known:
-            function = getattr(backward, "__func__", backward)
-            answer = not getattr(function, EVERY_GRADIENT, False) and check_range(FIRST_INPUT_ONLY).applies
+            replaced = any(other.installed(backward) for other in self._fix.relied_on(UNSLOTH_FUNCTION))
+            answer = not replaced and check_range(FIRST_INPUT_ONLY).applies
             self._known = (backward, answer)
         return answer
 

@@ -7,8 +7,8 @@ Reentrant checkpointing runs the forward without grad and connects only what the
 stored tensors are constants (wrong gradients, no error), and the recomputation writes into the
 caller's mapping or cache a second time (it then reads the appended cache: 13 positions instead of
 8, the prefix's gradient missing).  Here the layer gets a private copy of each such state
-(``_structure.rebuild``: nested dicts, lists and mappings copied too, privacy proven by
-``_private_copy``; a Cache with copies of its entries); once the checkpoint returns, what it left
+(``checkpointing.structure.rebuild``: nested dicts, lists and mappings copied too, privacy proven by
+``checkpointing.private_copy``; a Cache with copies of its entries); once the checkpoint returns, what it left
 there (values, deletions, key order, nested writes, a cache entry's new keys/values, new entries)
 is replayed onto the caller's, new tensors as extra checkpoint outputs (``FlatOutputs``) so they are
 stored connected.  Each recomputation gets a fresh private copy of the state the forward saw.  A
@@ -25,9 +25,9 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from hotfix.patches._layer_call import LayerCallWrapper, layer_of
-from hotfix.patches._structure import (NoPrivateCopy, cache_entries, entry_items, is_shared_state, rebuild, same,
-                                       tensors)
+from hotfix.checkpointing.layer_call import LayerCallWrapper, layer_of
+from hotfix.checkpointing.structure import (NoPrivateCopy, cache_entries, entry_items, is_shared_state, is_tensor,
+                                            rebuild, same, tensors)
 
 __all__ = ["SharedStateWrites", "UNSAFE"]
 
@@ -36,9 +36,6 @@ UNSAFE = object()
 
 Warn = Callable[[Any, str], None]  # Patch.warn_once(key, message)
 
-
-def _is_tensor(value: Any) -> bool:
-    return isinstance(value, torch.Tensor)
 
 
 def _keep(value: Any) -> Any:
@@ -53,7 +50,7 @@ class _Copier:
 
     def copy(self, value: Any) -> Any:
         """A private copy of ``value`` (raises ``NoPrivateCopy`` where a mapping has none)."""
-        return rebuild(value, _is_tensor, _keep, copied=self.copied, strict=True)
+        return rebuild(value, is_tensor, _keep, copied=self.copied, strict=True)
 
 
 class _Writes:
@@ -78,7 +75,7 @@ class _Writes:
         if original is not None:  # a copy of one of the caller's containers: that container, brought up to date
             self._sync(original, value, swap)
             return original
-        return rebuild(value, _is_tensor, lambda tensor: swap.get(id(tensor), tensor))
+        return rebuild(value, is_tensor, lambda tensor: swap.get(id(tensor), tensor))
 
     def _sync(self, caller: Any, final: Any, swap: Dict[int, torch.Tensor]) -> None:
         if isinstance(caller, list):
@@ -126,7 +123,7 @@ def _layer_name(call: Any, target: Any) -> str:
 class SharedStateWrites(LayerCallWrapper):
     """A layer call that writes only into private copies of the state it is handed, and hands on the writes.
 
-    Shows the layer as the call does (``__self__``, ``__wrapped__``: ``_layer_call``).
+    Shows the layer as the call does (``__self__``, ``__wrapped__``: ``checkpointing.layer_call``).
     """
 
     def __init__(self, function: Callable, callers: Dict[int, Any], origin: Dict[int, Tuple[Any, Any]],

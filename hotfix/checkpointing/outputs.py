@@ -3,7 +3,7 @@
 Reentrant checkpointing connects only the *top-level* tensors a layer returns: pvt_v2's stages
 return ``((hidden,), height, width)`` and every parameter before the last stage gets no gradient.
 :class:`FlatOutputs` runs the layer and, when its output nests a tensor (or the layer wrote into a
-shared mapping, ``_checkpoint_shared_state``), returns all of them as one flat tuple, remembering
+shared mapping, ``checkpointing.shared_state``), returns all of them as one flat tuple, remembering
 the structure without the tensors; :meth:`FlatOutputs.rebuild` puts the checkpoint's connected
 outputs back into it and replays the mapping writes.  Only a tuple is the top level: a layer
 returning a list or a mapping has every tensor cut off.  The engine hands a Function zeros for an
@@ -23,8 +23,8 @@ from typing import Any, Callable, Iterator, List, Optional, Sequence, Set
 
 import torch
 
-from hotfix.patches._layer_call import LayerCallWrapper
-from hotfix.patches._structure import holds_tensor, rebuild
+from hotfix.checkpointing.layer_call import LayerCallWrapper
+from hotfix.checkpointing.structure import holds_tensor, is_tensor, rebuild
 
 __all__ = ["FlatOutputs"]
 
@@ -53,15 +53,12 @@ def _has_nested_tensor(value: Any) -> bool:
 
 def _skeleton(value: Any, leaves: List[torch.Tensor]) -> Any:
     """``value`` with every tensor replaced by a marker; the tensors appended to ``leaves`` in order."""
-    return rebuild(value, _is_tensor, lambda tensor: (leaves.append(tensor), _LEAF)[1])
+    return rebuild(value, is_tensor, lambda tensor: (leaves.append(tensor), _LEAF)[1])
 
 
 def _fill(skeleton: Any, tensors: Iterator[torch.Tensor]) -> Any:
     return rebuild(skeleton, _is_leaf_marker, lambda _marker: next(tensors))
 
-
-def _is_tensor(value: Any) -> bool:
-    return isinstance(value, torch.Tensor)
 
 
 def _is_leaf_marker(value: Any) -> bool:
@@ -110,7 +107,7 @@ def _notice_if_left_without(leaves: List[torch.Tensor], notice: Callable[[], Non
 class FlatOutputs(LayerCallWrapper):
     """``function`` returning its tensors as one flat tuple when its output nests them.
 
-    Shows the layer as ``function`` does (``__self__``, ``__wrapped__``: ``_layer_call``).
+    Shows the layer as ``function`` does (``__self__``, ``__wrapped__``: ``checkpointing.layer_call``).
 
     ``writes``: the watcher of the same call, whose stored tensors become outputs too.
     ``notice``: called (at the end of that backward) when detaching an unused output left a parameter

@@ -23,32 +23,18 @@ transformers' enablers set it (and on unpickling, and for models built before ac
 
 from __future__ import annotations
 
-import logging
-import sys
-import types
 import weakref
-from typing import Any, Callable, Iterator, Optional, Tuple
+from typing import Any, Callable, Optional, Tuple
 
 import wrapt
 
-logger = logging.getLogger("hotfix")
+from hotfix.checkpointing.code import code_objects, keep_dynamo_out_of_hotfix
 
 ATTRIBUTE = "_gradient_checkpointing_func"
 SETTER = "_set_gradient_checkpointing"
 #: PreTrainedModel methods after which a model's modules may hold a checkpoint function
 #: (``__setstate__``: unpickling, deepcopy, torch.load, spawn workers)
 ENABLERS = (SETTER, "gradient_checkpointing_enable", "activation_checkpointing_enable", "__setstate__")
-
-
-def code_objects(function: Any) -> Iterator[types.CodeType]:
-    """The code of ``function`` and every code object nested in it (for drift checks)."""
-    function = getattr(function, "__func__", function)
-    code = getattr(function, "__code__", None)
-    stack = [code] if code is not None else []
-    while stack:
-        code = stack.pop()
-        yield code
-        stack.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
 
 
 def slots_on(cls: type) -> Tuple["CheckpointFunctionSlot", ...]:
@@ -87,46 +73,6 @@ def read_under_compile(slot: "CheckpointFunctionSlot", instance: Any) -> Any:
     return object.__getattribute__(instance, "__dict__").get(ATTRIBUTE)
 
 
-def hotfix_code() -> Iterator[types.CodeType]:
-    """The code of every function and method the loaded hotfix modules define (nested code included)."""
-    for name, module in list(sys.modules.items()):
-        if name != "hotfix" and not name.startswith("hotfix."):
-            continue
-        for value in list(vars(module).values()):
-            if getattr(value, "__module__", None) != name:
-                continue
-            members = list(vars(value).values()) if isinstance(value, type) else [value]
-            for member in members:
-                if isinstance(member, (staticmethod, classmethod)):
-                    member = member.__func__
-                parts = [member.fget, member.fset, member.fdel] if isinstance(member, property) else [member]
-                for part in parts:
-                    if isinstance(part, types.FunctionType):
-                        yield from code_objects(part)
-
-
-def keep_dynamo_out_of_hotfix() -> None:
-    """Tell dynamo never to compile a frame of hotfix's code on its own.
-
-    Eager code that runs while a compiled model does (a frame dynamo skipped, the rest of one after a graph
-    break) reads the checkpoint function through the slot and calls hotfix's wrapper, and dynamo compiles
-    every Python frame it meets there: the slot's ``__get__`` compiled answered "compiling" and handed the
-    eager caller the raw function, without hotfix's repair, and the wrapper's helpers were compiled and
-    recompiled call after call (torch 2.5: 25 more graph breaks, 8 recompiles).  Upstream's checkpoint code
-    there is torch's own, which dynamo skips the same way.  Where dynamo traces a read itself it inlines
-    this code as before (``skip_code`` acts on frames dynamo is handed, not on what it inlines); the frames
-    hotfix's code calls (a layer's forward) are compiled as upstream.  ``skip_code`` is private; torch 2.4 -
-    2.15 have it."""
-    try:
-        from torch._dynamo.eval_frame import skip_code
-
-        for code in hotfix_code():
-            skip_code(code)
-    except Exception as exc:  # a torch without it: dynamo may compile hotfix's frames (a slower first step)
-        logger.info("hotfix: torch._dynamo.eval_frame.skip_code unavailable (%s): dynamo may compile "
-                    "hotfix's own frames", exc)
-
-
 class CheckpointFunctionSlot(property):
     """Data descriptor for ``ATTRIBUTE`` on ``owner``: reads return the stored function wrapped.
 
@@ -135,13 +81,17 @@ class CheckpointFunctionSlot(property):
     """
 
     def __init__(self, owner: type, wrapper: Callable, is_compiling: Callable[[], bool], rank: int,
-                 displaced: Optional["CheckpointFunctionSlot"] = None) -> None:
+                 displaced: Optional["CheckpointFunctionSlot"] = None,
+                 serves: Callable[[Any], bool] = lambda raw: True) -> None:
         slot = self
         super().__init__(lambda instance: read_under_compile(slot, instance))
         keep_dynamo_out_of_hotfix()  # torch is imported: the modules this slot serves are torch modules
         self.owner = owner
         self.wrapper = wrapper  # a wrapt wrapper function (wrapped, instance, args, kwargs)
         self.rank = rank
+        # Does its fix act on calls through this stored function?  (Not where it relies on a fix that is not
+        # applied there: ``CheckpointFunctionFix.serves``.)  Asked at every read: what is applied may change.
+        self.serves = serves
         # Another fix's slot that stood on ``owner`` first: it keeps working through this one, and comes
         # back when this fix reverts (fixes revert in the reverse order of application).
         self.displaced = displaced
@@ -168,7 +118,7 @@ class CheckpointFunctionSlot(property):
         if raw is None:
             return raw
         self.hold(instance, raw)
-        slots = slots_on(type(instance))
+        slots = tuple(slot for slot in slots_on(type(instance)) if slot.serves(raw))
         cached_raw, cached_slots, cached_wrapper = self._cache
         if cached_raw is raw and cached_slots == slots:
             return cached_wrapper
@@ -227,8 +177,9 @@ class SlotCoverage:
     a subclass of a covered class) is left alone: the slot there serves it.
     """
 
-    def __init__(self, patch: Any, wrapper: Callable, rank: int) -> None:
-        self.patch, self.wrapper, self.rank = patch, wrapper, rank
+    def __init__(self, patch: Any, wrapper: Callable, rank: int,
+                 serves: Callable[[Any], bool] = lambda raw: True) -> None:
+        self.patch, self.wrapper, self.rank, self.serves = patch, wrapper, rank, serves
 
     def hook(self, modeling_utils: Any) -> None:
         """Cover after every enabler of ``PreTrainedModel``, and the models that exist already."""
@@ -275,7 +226,11 @@ class SlotCoverage:
                 if present is not None and not isinstance(present, CheckpointFunctionSlot):
                     self.patch.warn_once(cls, f"{cls.__qualname__} defines {ATTRIBUTE} itself; not covered")
                     continue
-                from torch.compiler import is_compiling
+                self.patch.replace(cls, ATTRIBUTE, self.slot(cls, displaced=present))
 
-                self.patch.replace(cls, ATTRIBUTE, CheckpointFunctionSlot(cls, self.wrapper, is_compiling,
-                                                                          rank=self.rank, displaced=present))
+    def slot(self, cls: type, displaced: Optional[CheckpointFunctionSlot] = None) -> CheckpointFunctionSlot:
+        """This fix's slot for ``cls`` (torch is imported: the classes it serves are torch modules)."""
+        from torch.compiler import is_compiling
+
+        return CheckpointFunctionSlot(cls, self.wrapper, is_compiling, rank=self.rank, displaced=displaced,
+                                      serves=self.serves)

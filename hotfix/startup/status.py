@@ -16,10 +16,8 @@ import sys
 import types
 from typing import List, Optional
 
-#: the start-up files (setup.py's STARTUP_FILES): beside the packages in a wheel install
-STARTUP_FILES = ("hotfix-checkpoint.pth", "hotfix-checkpoint.start")
-#: the name the start-up files load boot/_hotfix_boot.py under
-BOOT_MODULE = "_hotfix_boot"
+from hotfix.startup.boot import BOOT_MODULE, STARTUP_FILES
+
 REMEDY = ("remedy: install it into this environment (pip install hotfix-checkpoint), or put `import hotfix` "
           "at the top of the script, or `import hotfix.auto` in a sitecustomize.py")
 UNPATCHED = "a script that never imports hotfix runs UNPATCHED"
@@ -51,11 +49,14 @@ def _startup_file(directories: List[str]) -> Optional[str]:
 
 
 def _hook_finder():
-    """The boot module's finder in sys.meta_path (the hook ran here and is waiting or done), or None."""
-    for finder in sys.meta_path:
-        if type(finder).__module__ == BOOT_MODULE:
-            return finder
-    return None
+    """The boot module's finder in sys.meta_path (the hook ran here and is waiting or done), or None.
+
+    The boot module the start-up files loaded is ``sys.modules[BOOT_MODULE]``; its finder is its class's.
+    """
+    finder_class = getattr(sys.modules.get(BOOT_MODULE), "ActivateOnFirstImport", None)
+    if not isinstance(finder_class, type):
+        return None
+    return next((finder for finder in sys.meta_path if isinstance(finder, finder_class)), None)
 
 
 def _customize_importing_hotfix() -> Optional[str]:
@@ -100,7 +101,7 @@ def startup_hook(package_dir: str, disabled: bool) -> str:
         return (f"NOT in effect: hotfix is in {home}, a folder on sys.path (PYTHONPATH, pip install --target) that "
                 f"is not a site directory; Python runs .pth start-up files only from site directories, so {UNPATCHED}; "
                 f"{REMEDY}")
-    if os.path.isfile(os.path.join(home, "boot", BOOT_MODULE + ".py")):
+    if os.path.isfile(os.path.join(home, "patches", "__init__.py")):  # the fixes beside hotfix/: a checkout
         return (f"NOT in effect: hotfix runs from the source checkout {home}, not installed in this environment: "
                 f"{UNPATCHED}; remedy: pip install -e {home}, or put `import hotfix` at the top of the script")
     return (f"NOT in effect: no start-up file beside {package_dir} nor in a site directory ({', '.join(sites)}): "

@@ -1,7 +1,7 @@
 """What a checkpointed call's arguments and outputs hold: the one traversal every fix uses.
 
-Lifting (``_checkpoint_inputs``), the frozen-inputs anchor, the shared-state watcher
-(``_checkpoint_shared_state``) and the output flattening (``_checkpoint_outputs``) each ask what a
+Lifting (``checkpointing.inputs``), the frozen-inputs anchor, the shared-state watcher
+(``checkpointing.shared_state``) and the output flattening (``checkpointing.outputs``) each ask what a
 value holds; where their answers differed (one looked into a Mapping another did not rebuild, one
 saw a Cache another copied without its entries), lifting, watching and skipping disagreed.  Here
 the containers are defined once, for all of them:
@@ -28,17 +28,17 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 
-from hotfix.patches._private_copy import private_mapping
+from hotfix.checkpointing.private_copy import private_mapping
 
 __all__ = ["NoPrivateCopy", "cache_entries", "entry_items", "find_grad_tensors", "hides_nothing", "holds_tensor",
-           "is_plain", "is_shared_state", "rebuild", "same", "tensors"]
+           "is_plain", "is_tensor", "is_shared_state", "rebuild", "same", "tensors"]
 
 _Tensor = torch.Tensor
 _SCALARS = (bool, int, float, str, bytes, complex)
 
 
 class NoPrivateCopy(Exception):
-    """A mutable mapping of which no copy can be shown private (``_private_copy``); its type's name."""
+    """A mutable mapping of which no copy can be shown private (``checkpointing.private_copy``); its type's name."""
 
 
 def cache_entries(value: Any) -> Optional[list]:
@@ -56,6 +56,11 @@ def cache_entries(value: Any) -> Optional[list]:
 def entry_items(entry: Any) -> list:
     """A cache entry's attributes, as (name, value) pairs (what :func:`tensors` looks into)."""
     return list(getattr(entry, "__dict__", {}).items())
+
+
+def is_tensor(value: Any) -> bool:
+    """The leaf test of a rebuild that swaps tensors (``rebuild(value, is_tensor, ...)``)."""
+    return isinstance(value, _Tensor)
 
 
 def is_plain(value: Any) -> bool:
@@ -135,7 +140,7 @@ def rebuild(value: Any, is_leaf: Callable[[Any], bool], fn: Callable[[Any], Any]
     """``value`` rebuilt with ``fn`` applied to every leaf for which ``is_leaf`` holds.
 
     Containers keep their type (named tuples, dict subclasses, a cache's own class); a mutable mapping
-    is a copy proven private (``_private_copy``); where there is none, a plain dict with its items, or
+    is a copy proven private (``checkpointing.private_copy``); where there is none, a plain dict with its items, or
     with ``strict`` :class:`NoPrivateCopy`.  ``copied``, when given, maps ``id(copy)`` to ``(copy, original)``
     for every mutable container copied (lists, mutable mappings, caches, cache entries), so that a
     caller can bring the originals up to date later (holding the copy keeps its id valid).

@@ -1,4 +1,4 @@
-"""Where the activation offloader's bytes live (``patches/_offload.py``): the CUDA device and the host buffer pool.
+"""Where the activation offloader's bytes live (``hotfix/checkpointing/offload/offloader.py``): the CUDA device and the host buffer pool.
 
 A *device* does what offloading needs: say which device serves a tensor (``device_of``), name
 that device's compute and side streams, make one stream wait for another, run copies on a stream,

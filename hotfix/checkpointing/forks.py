@@ -11,7 +11,7 @@ node; a layer returning several values is handed one gradient too few (the backw
 some copies unpack ``(output,) = ...`` and fail on a layer that returns a tensor.
 
 :func:`checkpoint_through` makes the call so that none of that can happen, without touching the
-fork's Function (its offload stays): closure tensors are lifted (``_checkpoint_inputs``); the fork
+fork's Function (its offload stays): closure tensors are lifted (``checkpointing.inputs``); the fork
 gets a layer call that takes and returns exactly what it handles (``hidden_states`` in, a 1-tuple
 out); three small relay Functions carry the rest around it.  ``_Gather`` joins the other inputs to
 ``hidden_states`` on the way in: in the recomputation the layer gets detached twins of them, whose
@@ -24,11 +24,11 @@ fork's own backward pass.  docs/fixes/llamafactory-unsloth-gc.md, docs/fixes/axo
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable, List, Optional, Sequence
+from typing import Any, Callable, List, Mapping, Optional, Sequence
 
 import torch
 
-from hotfix.patches._checkpoint_inputs import lift_closure_tensors
+from hotfix.checkpointing.inputs import lift_closure_tensors
 
 
 class _Call:
@@ -203,3 +203,21 @@ def function_drift(cls: Any, name: str) -> Optional[str]:
     if kinds != [inspect.Parameter.POSITIONAL_OR_KEYWORD] * 3 + [inspect.Parameter.VAR_POSITIONAL]:
         return f"{name}.forward is no longer forward(ctx, forward_function, hidden_states, *args)"
     return None
+
+
+class RepairNotice:
+    """A fork fix's ``notice`` for :func:`checkpoint_through`: "repaired" (``fix.repaired``) for what a call needed
+    only where the installed release has the mechanism whose repair that is.
+
+    ``repairs``: what ``checkpoint_through`` reports -> the mechanism; ``said``: mechanism -> the repaired line.
+    Made when the fix applies (the mechanisms here are read then).
+    """
+
+    def __init__(self, fix: Any, repairs: Mapping[str, str], said: Mapping[str, str]) -> None:
+        self.fix, self.repairs, self.said = fix, repairs, said
+        self.here = frozenset(mechanism.name for mechanism in fix.mechanisms_here())
+
+    def __call__(self, what: str) -> None:
+        mechanism = self.repairs.get(what)
+        if mechanism in self.here:
+            self.fix.repaired(self.said[mechanism])

@@ -4,7 +4,7 @@ unsloth's smart checkpointing keeps each checkpointed layer's input on the host 
 forward and backward: copied out on a side stream while the layer runs, copied back into a
 staging buffer before recomputation.  :class:`ActivationOffloader` holds all that state (host
 buffer pools and staging buffer per device, the layer schedule, the print-once flag); the
-device (``_offload_devices.CudaDevice``, or the tests' CPU devices) does the streams, copies
+device (``checkpointing.offload.devices.CudaDevice``, or the tests' CPU devices) does the streams, copies
 and allocations.  Stream order: forward = side waits for compute, copy out, compute waits for
 side before the activation's memory can be reused; backward = side waits for compute, copy
 back, compute waits for side before reading it.  A host buffer returns to its pool only after
@@ -22,7 +22,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
 
-from hotfix.patches._offload_devices import CudaDevice, HostBufferPool, HostLease, round_up
+from hotfix.checkpointing.offload.devices import CudaDevice, HostBufferPool, HostLease, round_up
 
 #: printed (stdout, like upstream) the first time an activation is offloaded;
 #: the exact text unsloth prints, so logs and user expectations do not change.

@@ -3,6 +3,12 @@
 Why it is so small: site-packages ``.pth`` lines run in *every* interpreter
 start (pip, DataLoader workers, torchrun children), so this module imports
 only ``sys`` and ``_thread``, reads only the environment, and writes nothing.
+The wheel ships it twice: as this module of the package, which hotfix imports
+(reload_watch, status, config and setup.py use what is defined here once: the
+loader proxy, the finder loop, the start-up files, the true values, the rule
+that tells a third-party fix), and as ``_hotfix_boot.py`` at the root of
+site-packages, which the ``.pth`` line loads by its path (setup.py copies it
+there and writes the start-up files from :func:`startup_line`).
 
 How it activates hotfix without ever importing under the import lock
 --------------------------------------------------------------------
@@ -33,6 +39,15 @@ half ("partially initialized module 'logging'"), so:
   not final yet; ``importlib.metadata``'s while it imports ``email``): the
   activation is then put off to the next top-level import.
 
+Which third-party fixes: from the listings Python made already
+--------------------------------------------------------------
+Whether a distribution other than hotfix-checkpoint declares fixes is read from
+the ``*.dist-info`` / ``*.egg-info`` folders of the ``sys.path`` entries, found
+in the listing of each folder that Python's path finder keeps
+(``sys.path_importer_cache``; interpreter start-up's own lookups filled it):
+only a folder Python has not listed yet is listed here.  A folder of 100,000
+files on ``PYTHONPATH`` is listed once per process, as without hotfix.
+
 Which code runs: hotfix's own, found by location
 ------------------------------------------------
 The ``.pth`` line loads this file by its path in site-packages (not by a name
@@ -58,38 +73,58 @@ TRIGGERS = frozenset({"transformers", "unsloth", "unsloth_zoo"})
 # do.  So when any distribution other than hotfix-checkpoint declares the group,
 # the first top-level import of the process activates hotfix, once that module
 # ran (see ActivateOnFirstImport._third_party_fixes_installed).
-ENTRY_POINT_SECTION = "[hotfix.patches]"
-SECTION_BYTES = b"[hotfix.patches]"
+ENTRY_POINT_GROUP = "hotfix.patches"
 # The interpreter's own start-up lookups: never worth a scan.
 STARTUP_NAMES = frozenset({"sitecustomize", "usercustomize"})
-BUILTIN_FIX_PREFIX = "hotfix.patches."
 # What activation imports beyond the standard library: hotfix's two dependencies,
 # and hotfix itself (an `import hotfix` still running activates at its own end).
 OWN_IMPORTS = frozenset({"hotfix", "wrapt", "packaging"})
 
-# Same values as hotfix.config.TRUE_VALUES (kept in sync by a test).  Any
-# other non-empty value is left to hotfix.config, which warns about it.
-DISABLE_VALUES = frozenset({"1", "true", "yes", "on"})
+# HOTFIX_DISABLE's values that turn hotfix off (hotfix.config reads the same set).
+# Any other non-empty value is left to hotfix.config, which warns about it.
+DISABLE_VAR = "HOTFIX_DISABLE"
+TRUE_VALUES = frozenset({"1", "true", "yes", "on"})
 
 PACKAGE = "hotfix"
 DISTRIBUTION = "hotfix-checkpoint"
 # hotfix/__init__.py carries this line (within its first 4 KiB); another distribution's
 # hotfix/__init__.py, or a user's own hotfix.py, does not.
-MARKER = b'DISTRIBUTION = "hotfix-checkpoint"'
+MARKER = b"from hotfix.startup.boot import DISTRIBUTION"
 REINSTALL = "pip install --force-reinstall --no-deps hotfix-checkpoint"
+
+# The start-up files at the root of a site directory (setup.py writes them into the wheel): the .pth line,
+# the PEP 829 .start file (Python >= 3.15), and the name this module is loaded under.
+PTH_FILE = "hotfix-checkpoint.pth"
+START_FILE = "hotfix-checkpoint.start"
+BOOT_MODULE = "_hotfix_boot"
+STARTUP_FILES = (PTH_FILE, START_FILE)
+START_ENTRY = BOOT_MODULE + ":boot"
+
+
+def startup_line(boot_path, home, missing):
+    """The .pth line: load the boot module from ``boot_path`` (a Python expression) by its location and run
+    ``boot(home)`` (an expression too; None: the boot module's own folder); where that file is gone, write
+    ``missing`` (its ``%s`` is the path) as one line instead of a traceback.  In a venv Python reads
+    site-packages twice (lib64 -> lib): a second reading does nothing.  One line of expressions (a .pth runs
+    single lines), no ``exec`` and no import but of loaded built-ins; ``os`` and ``sitedir`` are site's.  For
+    the wheel and for an editable install (setup.py)."""
+    return ("import sys, _frozen_importlib as b, _frozen_importlib_external as e; p = %s; n = %r; "
+            "s = None if n in sys.modules else e.spec_from_file_location(n, p) if os.path.isfile(p) else "
+            "(sys.modules.__setitem__(n, None), sys.stderr.write('hotfix: ' + %r %% p + '\\n'))[0]; "
+            "m = s and b.module_from_spec(s); s and sys.modules.__setitem__(n, m); s and s.loader.exec_module(m); "
+            "s and m.boot(%s)\n" % (boot_path, BOOT_MODULE, missing, home))
 
 
 def _say(message):
     sys.stderr.write("hotfix: %s\n" % (message,))
 
 
-class _ActivateAroundExec:
-    """Loader proxy for the first import: activate hotfix before (a trigger) or after its code runs."""
+class LoaderProxy:
+    """A module's loader, handed back by a finder in its place: runs the real loader around ``before`` /
+    ``after`` (``failed`` where its code raised), and leaves no trace of itself on the module."""
 
-    def __init__(self, loader, finder, trigger):
+    def __init__(self, loader):
         self._loader = loader
-        self._finder = finder
-        self._trigger = trigger
 
     def __getattr__(self, name):
         return getattr(self._loader, name)
@@ -98,19 +133,66 @@ class _ActivateAroundExec:
         return self._loader.create_module(spec)
 
     def exec_module(self, module):
-        # Leave no trace of the proxy on the module: it is the real loader's.
+        # The import system stored this proxy as the module's loader: it is the real loader's.
         if getattr(module, "__loader__", None) is self:
             module.__loader__ = self._loader
         spec = getattr(module, "__spec__", None)
         if spec is not None and getattr(spec, "loader", None) is self:
             spec.loader = self._loader
-        if self._trigger and self._finder.can_activate():
-            self._finder.activate()  # before the trigger's code: its submodules find the fixes' hooks in place
+        self.before(module)
         try:
             self._loader.exec_module(module)
         except BaseException:
-            self._finder.put_off()  # the module is half made until the import system drops it
+            self.failed(module)
             raise
+        self.after(module)
+
+    def before(self, module):
+        pass
+
+    def after(self, module):
+        pass
+
+    def failed(self, module):
+        pass
+
+
+def spec_behind(finder, fullname, path=None, target=None):
+    """The spec the finders behind ``finder`` in ``sys.meta_path`` give (every finder where it is not there),
+    passing over the finders of its own class; None where none finds ``fullname``."""
+    finders = list(sys.meta_path)
+    start = finders.index(finder) + 1 if finder in finders else 0
+    for other in finders[start:]:
+        find_spec = getattr(other, "find_spec", None)
+        if find_spec is None or isinstance(other, type(finder)):
+            continue
+        spec = find_spec(fullname, path, target)
+        if spec is not None:
+            return spec
+    return None
+
+
+def wrappable(spec):
+    """Can a :class:`LoaderProxy` stand in for this spec's loader?"""
+    return spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module")
+
+
+class _ActivateAroundExec(LoaderProxy):
+    """Loader proxy for the first import: activate hotfix before (a trigger) or after its code runs."""
+
+    def __init__(self, loader, finder, trigger):
+        super().__init__(loader)
+        self._finder = finder
+        self._trigger = trigger
+
+    def before(self, module):
+        if self._trigger and self._finder.can_activate():
+            self._finder.activate()  # before the trigger's code: its submodules find the fixes' hooks in place
+
+    def failed(self, module):
+        self._finder.put_off()  # the module is half made until the import system drops it
+
+    def after(self, module):
         self._finder.activate_when_possible()
 
 
@@ -143,10 +225,10 @@ class ActivateOnFirstImport:
             return None
         self._searching.add(me)
         try:
-            spec = self._spec_from_later_finders(fullname, path)
+            spec = spec_behind(self, fullname, path)
         finally:
             self._searching.discard(me)
-        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+        if not wrappable(spec):
             return None  # not found, or a loader we cannot wrap: the import system goes on
         # find_spec runs under the global import lock, so only one thread gets here first.
         if self.armed:
@@ -171,18 +253,6 @@ class ActivateOnFirstImport:
             except Exception:
                 pass
         return self._third_party
-
-    def _spec_from_later_finders(self, fullname, path):
-        finders = list(sys.meta_path)
-        start = finders.index(self) + 1 if self in finders else 0
-        for finder in finders[start:]:
-            find_spec = getattr(finder, "find_spec", None)
-            if find_spec is None or isinstance(finder, ActivateOnFirstImport):
-                continue
-            spec = find_spec(fullname, path, None)
-            if spec is not None:
-                return spec
-        return None
 
     def can_activate(self):
         """True unless a module that activation imports is half made in this thread (module docstring)."""
@@ -245,29 +315,78 @@ def _needed_by_hotfix(name, filename):
     return filename.startswith(lib + os.sep) and "-packages" not in filename[len(lib):]
 
 
+def canonical_name(name):
+    """A distribution name as packaging's ``canonicalize_name`` writes it (PEP 503), without importing it."""
+    out, dash = [], False
+    for char in name.lower():
+        if char in "-_.":
+            dash = True
+            continue
+        if dash and out:
+            out.append("-")
+        dash = False
+        out.append(char)
+    return "".join(out)
+
+
+def is_third_party(distribution):
+    """Is ``distribution`` (a name as metadata or a .dist-info folder spells it) another than hotfix-checkpoint?
+    The one rule: the start-up hook's scan and the registry (which names a fix's source) both ask it."""
+    return canonical_name(distribution or "") != DISTRIBUTION
+
+
+def _listing(entry):
+    """The names in the folder ``entry`` of sys.path: the listing Python's path finder keeps for it
+    (``FileFinder._path_cache``), or where it has none yet, the folder listed here."""
+    import os  # already loaded by site
+
+    finder = sys.path_importer_cache.get(entry or os.getcwd())  # PathFinder keys '' by the current folder
+    names = getattr(finder, "_path_cache", None)
+    if isinstance(names, (set, frozenset)) and getattr(finder, "_path_mtime", -1) != -1:
+        return names
+    try:
+        return os.listdir(entry or ".")
+    except OSError:
+        return ()
+
+
+def _metadata_folders(names):
+    """The ``*.dist-info`` / ``*.egg-info`` names among ``names``, found by C-level string search: a folder of
+    100,000 files costs one join, not a Python loop over each name."""
+    text = "\n" + "\n".join(names) + "\n"
+    found = []
+    for suffix in (".dist-info\n", ".egg-info\n"):
+        end = text.find(suffix)
+        while end != -1:
+            start = text.rfind("\n", 0, end) + 1
+            found.append(text[start:end + len(suffix) - 1])
+            end = text.find(suffix, end + 1)
+    return found
+
+
+def _distribution_of(folder):
+    """The distribution a metadata folder belongs to, as its name spells it (``name-1.0.dist-info``, ``name.egg-info``)."""
+    return folder.rsplit(".", 1)[0].partition("-")[0]
+
+
 def _declares_third_party_fixes(paths):
     import os  # already loaded by site
 
+    section = ("[%s]" % ENTRY_POINT_GROUP).encode()
     for entry in paths:
-        try:
-            names = os.listdir(entry or ".")
-        except OSError:
-            continue
-        for name in names:
-            if not name.endswith((".dist-info", ".egg-info")):
+        for folder in _metadata_folders(_listing(entry)):
+            if not is_third_party(_distribution_of(folder)):
                 continue
             try:
-                with open(os.path.join(entry or ".", name, "entry_points.txt"), "rb") as handle:
+                with open(os.path.join(entry or ".", folder, "entry_points.txt"), "rb") as handle:
                     data = handle.read()
             except OSError:
                 continue
-            if SECTION_BYTES not in data:
+            if section not in data:
                 continue
-            section = data.decode("utf-8", "replace").split(ENTRY_POINT_SECTION, 1)[1].split("\n[", 1)[0]
-            for line in section.splitlines():
-                value = line.partition("=")[2].strip()
-                if value and not value.startswith(BUILTIN_FIX_PREFIX):
-                    return True
+            declared = data.split(section, 1)[1].split(b"\n[", 1)[0]
+            if any(line.partition(b"=")[2].strip() for line in declared.splitlines()):
+                return True
     return False
 
 
@@ -337,7 +456,7 @@ def disabled(environ=None):
         import os  # already imported by site; costs nothing
 
         environ = os.environ
-    return environ.get("HOTFIX_DISABLE", "").strip().lower() in DISABLE_VALUES
+    return environ.get(DISABLE_VAR, "").strip().lower() in TRUE_VALUES
 
 
 def _home():
@@ -357,7 +476,7 @@ def boot(home=None):
         if disabled():
             return
         for finder in sys.meta_path:
-            if type(finder).__name__ == "ActivateOnFirstImport":
+            if isinstance(finder, ActivateOnFirstImport):
                 return  # booted twice (.pth and .start both honoured): once is enough
         finder = ActivateOnFirstImport(home or _home())
         sys.meta_path.insert(0, finder)

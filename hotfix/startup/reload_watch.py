@@ -9,7 +9,8 @@ unfixed.  ``importlib.reload`` is the one import path that calls
 finder answers only those calls, and only for the targets of hotfix's patches:
 it hands back the spec the other finders give, with a loader that re-applies
 the patches once the module has been re-executed.  Every ordinary import
-(``target is None``) returns at the first test.
+(``target is None``) returns at the first test.  The loader proxy and the
+finder loop are the start-up hook's (``hotfix.startup.boot``).
 """
 
 from __future__ import annotations
@@ -18,34 +19,21 @@ import logging
 import sys
 from typing import Any, Callable, Container
 
+from hotfix.startup.boot import LoaderProxy, spec_behind, wrappable
+
 logger = logging.getLogger("hotfix")
 
 
-class _ReapplyAfterExec:
-    """Loader proxy: run the real loader, put it back on the module, then re-apply."""
+class _ReapplyAfterExec(LoaderProxy):
+    """Loader proxy: run the real loader, then re-apply."""
 
     def __init__(self, loader: Any, after: Callable[[Any], None]) -> None:
-        self._loader = loader
-        self._after = after
+        super().__init__(loader)
+        self._reapply = after
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._loader, name)
-
-    def create_module(self, spec: Any) -> Any:
-        return self._loader.create_module(spec)
-
-    def exec_module(self, module: Any) -> None:
+    def after(self, module: Any) -> None:
         try:
-            self._loader.exec_module(module)
-        finally:
-            # reload() stored this proxy as the module's loader: leave no trace.
-            if getattr(module, "__loader__", None) is self:
-                module.__loader__ = self._loader
-            spec = getattr(module, "__spec__", None)
-            if spec is not None and getattr(spec, "loader", None) is self:
-                spec.loader = self._loader
-        try:
-            self._after(module)
+            self._reapply(module)
         except Exception as exc:  # never break the user's reload
             logger.warning("hotfix: could not re-apply patches after reloading %s: %r",
                            getattr(module, "__name__", module), exc)
@@ -61,20 +49,9 @@ class ReloadWatcher:
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
         if target is None or fullname not in self._targets():
             return None
-        for finder in list(sys.meta_path):
-            if finder is self or isinstance(finder, ReloadWatcher):
-                continue
-            find_spec = getattr(finder, "find_spec", None)
-            if find_spec is None:
-                continue
-            spec = find_spec(fullname, path, target)
-            if spec is not None:
-                break
-        else:
-            return None
-        if spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            return spec
-        spec.loader = _ReapplyAfterExec(spec.loader, self._on_reloaded)
+        spec = spec_behind(self, fullname, path, target)
+        if wrappable(spec):
+            spec.loader = _ReapplyAfterExec(spec.loader, self._on_reloaded)
         return spec
 
 

@@ -1,0 +1,22 @@
+"""The checkpoint engine the fixes share: what a checkpointed call holds, and how hotfix rewrites it.
+
+Nothing here is a fix and nothing here applies itself: the fixes (``hotfix.patches``) import what they
+need when they first apply, by which time their targets have imported torch.  Importing this package
+imports nothing (activation never imports torch).
+
+    slot          the class-level stand-in for ``module._gradient_checkpointing_func`` (and its coverage)
+    slot_fix      the base of the fixes that act on that function (coverage, drift check, lazy wrapper)
+    structure     what a call's arguments and outputs hold (containers, Caches); private_copy: mappings
+    inputs        tensors hidden from a reentrant checkpoint become its inputs; the 0-byte anchor
+    outputs       nested outputs returned flat and connected; unused outputs left without gradient
+    shared_state  what a layer writes into a mapping or Cache it is handed, replayed onto the caller's
+    layer_call    which layer a call runs; hotfix's wrappers of a call show it
+    ddp           is a DistributedDataParallel forward searching for unused parameters
+    unsloth       what the fixes rely on in unsloth-zoo's UnslothCheckpointFunction
+    forks         LlamaFactory's / axolotl's copies of unsloth's checkpointer, called with every input connected
+    offload/      the activation offloader (host memory, streams) and its devices
+"""
+
+#: what reentrant checkpointing says when a tensor with a history reaches a layer past its inputs (the seed reports'
+#: error; the fixes' ``symptom`` lines start with it)
+BACKWARD_TWICE = "RuntimeError: Trying to backward through the graph a second time"

@@ -1,0 +1,1 @@
+"""The activation offloader of unsloth-zoo-offload-backward: its state (``offloader``) and its devices (``devices``)."""

@@ -1,0 +1,102 @@
+"""What the built-in fixes need of each other: data in one place, bound once at activation.
+
+No fix looks another up.  When hotfix activates, the registry binds each fix to the fixes it relies on
+(:func:`bind`, from :data:`RELIANCES`); a fix then asks its own ``relied_on(where)`` whether they are
+applied.  Where a fix it relies on is not applied (opted out, skipped, drifted, not loaded), it leaves
+the call as upstream makes it, or takes the one path that works without it (``Reliance.without``):
+opting a fix out gives upstream's behaviour for what that fix covers, never a crash upstream does not
+have.  :data:`SLOT_ORDER` is how the fixes that wrap transformers' checkpoint function compose
+(``hotfix.checkpointing.slot``).  docs/design.md's tables are tested against both.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict, Mapping, Tuple
+
+from hotfix.config import normalize_patch_name
+
+#: The fixes that wrap the checkpoint function transformers stores on a module, outermost first: each sees
+#: the call as the ones before it pass it on.
+SLOT_ORDER: Tuple[str, ...] = (
+    "unsloth-zoo-nonreentrant-offload",  # makes a non-reentrant call reentrant: the others then see a reentrant call
+    "transformers-checkpoint-layer-io",  # sees the partial as transformers made it; lifts what it hides
+    "transformers-frozen-inputs",  # anchors a layer no input of which needs grad (lifted inputs count)
+    "transformers-ddp-find-unused",  # innermost: adds the layer's trainable parameters as the last inputs
+)
+
+# Where one fix relies on another (``Reliance.where``; the keys a fix passes to ``relied_on``).
+ALWAYS = "every call it changes"
+UNDER_DDP = "a call inside a DDP forward that searches for unused parameters"
+FORK_CHECKPOINT = "a call through a checkpoint function of the other fix's targets"
+UNSLOTH_FUNCTION = "a call that may reach unsloth-zoo's UnslothCheckpointFunction"
+
+
+@dataclass(frozen=True)
+class Reliance:
+    """``fix`` relies on ``on`` at ``where``; without it there, ``fix`` does ``without``."""
+
+    fix: str
+    on: str
+    where: str
+    without: str
+
+
+_ROUTED = "leaves the call non-reentrant (unsloth's offload stays bypassed, one warning)"
+_UPSTREAM = "leaves the call as upstream makes it (axolotl's wrapper reads the partial transformers made)"
+_ANCHOR = "puts what it adds behind a 0-byte anchor that needs grad (the release's backward needs a first input that does)"
+
+RELIANCES: Tuple[Reliance, ...] = (
+    Reliance("unsloth-zoo-nonreentrant-offload", "transformers-checkpoint-layer-io", ALWAYS, _ROUTED),
+    Reliance("unsloth-zoo-nonreentrant-offload", "transformers-frozen-inputs", ALWAYS, _ROUTED),
+    Reliance("unsloth-zoo-nonreentrant-offload", "transformers-ddp-find-unused", UNDER_DDP, _ROUTED),
+    Reliance("transformers-checkpoint-layer-io", "axolotl-offload-checkpoint", FORK_CHECKPOINT, _UPSTREAM),
+    Reliance("transformers-frozen-inputs", "axolotl-offload-checkpoint", FORK_CHECKPOINT, _UPSTREAM),
+    Reliance("transformers-ddp-find-unused", "axolotl-offload-checkpoint", FORK_CHECKPOINT, _UPSTREAM),
+    Reliance("transformers-checkpoint-layer-io", "unsloth-zoo-offload-backward", UNSLOTH_FUNCTION, _ANCHOR),
+    Reliance("transformers-frozen-inputs", "unsloth-zoo-offload-backward", UNSLOTH_FUNCTION, _ANCHOR),
+    Reliance("transformers-ddp-find-unused", "unsloth-zoo-offload-backward", UNSLOTH_FUNCTION, _ANCHOR),
+    Reliance("unsloth-zoo-closure-tensors", "unsloth-zoo-offload-backward", UNSLOTH_FUNCTION, _ANCHOR),
+)
+
+
+def slot_rank(name: str) -> int:
+    """The rank of a fix's checkpoint-function slot: outermost highest (``SLOT_ORDER``)."""
+    if name not in SLOT_ORDER:
+        raise LookupError(f"{name!r} is not in hotfix.relations.SLOT_ORDER")
+    return len(SLOT_ORDER) - SLOT_ORDER.index(name)
+
+
+class NotLoaded:
+    """Stands for a fix relied on that is not loaded here: never applied."""
+
+    applied = False
+    targets: Tuple[str, ...] = ()
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def installed(self, value: Any) -> bool:
+        return False
+
+
+def reliances_of(fix: str, patches: Mapping[str, Any]) -> Dict[str, Tuple[Any, ...]]:
+    """``where -> the fixes`` ``fix`` relies on there, taken from ``patches`` (by name; absent: :class:`NotLoaded`)."""
+    by_name = {normalize_patch_name(patch.name): patch for patch in patches.values()}
+    found: Dict[str, Tuple[Any, ...]] = {}
+    for reliance in RELIANCES:
+        if reliance.fix == fix:
+            found[reliance.where] = found.get(reliance.where, ()) + (
+                by_name.get(normalize_patch_name(reliance.on)) or NotLoaded(reliance.on),)
+    return found
+
+
+def unbound(fix: str) -> Dict[str, Tuple[Any, ...]]:
+    """What a fix no registry bound relies on: every fix it names, not loaded."""
+    return reliances_of(fix, {})
+
+
+def bind(patches: Mapping[str, Any]) -> None:
+    """Bind every fix of ``patches`` to the fixes it relies on (the registry, at activation)."""
+    for patch in patches.values():
+        patch.bind_reliances(reliances_of(patch.name, patches))
