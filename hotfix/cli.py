@@ -68,13 +68,13 @@ def status(import_targets: bool = True, out=None, verbose: bool = False) -> int:
     for fix in fix_statuses(registry, problems):
         write(f"  {fix.name}: {fix.state}  (from {fix.source})")
         if verbose:
-            _describe(patches[normalize_patch_name(fix.name)], write)
+            describe_fix(patches[normalize_patch_name(fix.name)], write)
     if not verbose:
         write("(hotfix status --verbose: what each fix repairs, where, and why it applies here or not)")
     return 0
 
 
-def _describe(patch, write) -> None:
+def describe_fix(patch, write) -> None:
     verdict = patch.check()
     write(f"    fixes:    {patch.symptom}")
     if patch.details:

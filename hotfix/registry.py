@@ -29,7 +29,7 @@ import logging
 import sys
 import threading
 from importlib import metadata
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 
 from hotfix.config import DISABLED_PATCHES_VAR, Settings, normalize_patch_name, read_settings
@@ -84,10 +84,12 @@ def _fix_kind(name: str, value: str, distribution: Optional[str]) -> str:
 
 def _module_in_flight(value: str) -> Optional[str]:
     """The outermost module of an entry point's ``module:attr`` (the module or a package above it) whose import
-    is in flight, or None: loading the fix now would read a half-made module."""
+    is in flight, or None: loading the fix now would read a half-made module.  hotfix itself is always in flight
+    when it activates (the last line of its ``__init__``), with every name a fix imports from it defined: its own
+    fixes (``hotfix.patches``) load at once."""
     parts = value.partition(":")[0].strip().split(".")
     return next((name for name in (".".join(parts[:i + 1]) for i in range(len(parts)))
-                 if post_import.in_flight(name)), None)
+                 if parts[0] != "hotfix" and post_import.in_flight(name)), None)
 
 
 def _load_entry_point(name: str, value: str) -> Optional[Patch]:
@@ -135,8 +137,7 @@ class Registry:
                     self.waiting[ep_name] = f"{_fix_kind(ep_name, value, distribution)}: loads once {importing} " \
                                             "has finished importing"
                     late = functools.partial(self._load_late, ep_name, value, distribution)
-                    post_import.when_imported(importing, lambda module, late=late: late(), failed=lambda name,
-                                              late=late: late())
+                    post_import.when_imported(importing, late, failed=late)
             return self._patches
 
     def _load(self, ep_name: str, value: str, distribution: Optional[str]) -> Optional[Patch]:
@@ -155,8 +156,9 @@ class Registry:
         self.sources[key] = distribution
         return patch
 
-    def _load_late(self, ep_name: str, value: str, distribution: Optional[str]) -> None:
-        """A fix whose module was being imported at discovery, now finished: load it, and attach it if active."""
+    def _load_late(self, ep_name: str, value: str, distribution: Optional[str], _finished: Any = None) -> None:
+        """A fix whose module was being imported at discovery, now finished (``_finished``: that module, or its name
+        where its import failed): load it, and attach it if active."""
         with self._lock:
             self.waiting.pop(ep_name, None)
             patch = self._load(ep_name, value, distribution)

@@ -32,8 +32,9 @@ thread sits half made in ``sys.modules``, and an import of it hands over that
 half ("partially initialized module 'logging'"), so:
 
 * a trigger is activated on *before* its code runs (hotfix needs none of them);
-* any other first import (third-party fixes installed) is activated on *after*
-  its code ran: ``import logging`` first, logging is whole by then;
+* with third-party fixes installed, the first import of a module outside the
+  standard library is activated on *after* its code ran (a standard-library
+  module first, ``import logging``, is passed over: no fix needs hotfix there);
 * never while the body of a standard-library module, wrapt, packaging or hotfix
   runs in this thread (``site``'s during interpreter start-up, when sys.path is
   not final yet; ``importlib.metadata``'s while it imports ``email``): the
@@ -41,12 +42,14 @@ half ("partially initialized module 'logging'"), so:
 
 Which third-party fixes: from the listings Python made already
 --------------------------------------------------------------
-Whether a distribution other than hotfix-checkpoint declares fixes is read from
-the ``*.dist-info`` / ``*.egg-info`` folders of the ``sys.path`` entries, found
-in the listing of each folder that Python's path finder keeps
+Whether a distribution other than hotfix-checkpoint declares fixes is read,
+at the first import of a module outside the standard library, from the
+``*.dist-info`` / ``*.egg-info`` folders of the ``sys.path`` entries, found in
+the listing of each folder that Python's path finder keeps
 (``sys.path_importer_cache``; interpreter start-up's own lookups filled it):
 only a folder Python has not listed yet is listed here.  A folder of 100,000
-files on ``PYTHONPATH`` is listed once per process, as without hotfix.
+files on ``PYTHONPATH`` is listed once per process, as without hotfix; its
+names are searched at C speed (docs/performance.md).
 
 Which code runs: hotfix's own, found by location
 ------------------------------------------------
@@ -71,11 +74,16 @@ TRIGGERS = frozenset({"transformers", "unsloth", "unsloth_zoo"})
 # Third-party fixes declare themselves in this entry-point group; their targets
 # are only known once their module is imported, which the start-up hook cannot
 # do.  So when any distribution other than hotfix-checkpoint declares the group,
-# the first top-level import of the process activates hotfix, once that module
-# ran (see ActivateOnFirstImport._third_party_fixes_installed).
+# the first top-level import of a module outside the standard library activates
+# hotfix, once that module ran (see ActivateOnFirstImport._third_party_fixes_installed):
+# a fix's targets are other libraries' modules, and a standard-library module a
+# fix targets that is imported before gets its fix at activation all the same
+# (a post-import hook runs at once for a module already imported).
 ENTRY_POINT_GROUP = "hotfix.patches"
 # The interpreter's own start-up lookups: never worth a scan.
 STARTUP_NAMES = frozenset({"sitecustomize", "usercustomize"})
+# The standard library's top-level names (Python >= 3.10; none known on 3.9: every first import is looked at).
+STANDARD_LIBRARY = getattr(sys, "stdlib_module_names", frozenset())
 # What activation imports beyond the standard library: hotfix's two dependencies,
 # and hotfix itself (an `import hotfix` still running activates at its own end).
 OWN_IMPORTS = frozenset({"hotfix", "wrapt", "packaging"})
@@ -210,7 +218,7 @@ class ActivateOnFirstImport:
         self.due = False  # the activation was put off: the next top-level import carries it, whatever it is
         self.finished = False
         self._searching = set()  # thread ids inside our own find_spec (finders may recurse)
-        self._third_party = None  # unknown until the first top-level import
+        self._third_party = None  # unknown until the first top-level import outside the standard library
 
     def find_spec(self, fullname, path=None, target=None):
         if self.finished or self.armed or target is not None or path is not None:
@@ -218,7 +226,7 @@ class ActivateOnFirstImport:
         if fullname == PACKAGE:
             return None  # importing hotfix activates it; its own imports are put off (can_activate)
         if fullname not in TRIGGERS and not self.due and (
-                fullname in STARTUP_NAMES or not self._third_party_fixes_installed()):
+                fullname in STARTUP_NAMES or fullname in STANDARD_LIBRARY or not self._third_party_fixes_installed()):
             return None
         me = _thread.get_ident()
         if me in self._searching:
@@ -240,7 +248,8 @@ class ActivateOnFirstImport:
     def _third_party_fixes_installed(self):
         """Does an installed distribution other than hotfix-checkpoint declare fixes?
 
-        Read once per process, at its first top-level import after start-up (never
+        Read once per process, at its first top-level import of a module outside the
+        standard library after start-up (never
         during start-up itself): plain file reads of ``entry_points.txt``, no
         import, so it is safe under the import lock.
         """
@@ -306,9 +315,8 @@ def _needed_by_hotfix(name, filename):
     top = name.partition(".")[0]
     if top in OWN_IMPORTS:
         return True
-    stdlib = getattr(sys, "stdlib_module_names", None)  # Python >= 3.10
-    if stdlib is not None:
-        return top in stdlib
+    if STANDARD_LIBRARY:  # Python >= 3.10
+        return top in STANDARD_LIBRARY
     import os  # Python 3.9 (already loaded by site): the standard library is os.py's folder, less site-packages
 
     lib = os.path.dirname(os.__file__)
@@ -317,16 +325,10 @@ def _needed_by_hotfix(name, filename):
 
 def canonical_name(name):
     """A distribution name as packaging's ``canonicalize_name`` writes it (PEP 503), without importing it."""
-    out, dash = [], False
-    for char in name.lower():
-        if char in "-_.":
-            dash = True
-            continue
-        if dash and out:
-            out.append("-")
-        dash = False
-        out.append(char)
-    return "".join(out)
+    name = name.lower().replace("_", "-").replace(".", "-")
+    while "--" in name:
+        name = name.replace("--", "-")
+    return name
 
 
 def is_third_party(distribution):

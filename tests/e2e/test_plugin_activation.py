@@ -5,8 +5,8 @@ unsloth or unsloth_zoo.  A plugin fix targeting another library (the README's
 ``foo.layers``) used to be applied only in processes that also imported one
 of those.  Now, when an installed distribution other than hotfix-checkpoint
 declares the ``hotfix.patches`` entry-point group, the first top-level import
-of a process activates hotfix (boot/_hotfix_boot.py), once that module ran;
-without such a distribution nothing changes.
+of a module outside the standard library activates hotfix (hotfix/startup/boot.py),
+once that module ran; without such a distribution nothing changes.
 
 The first import used to activate hotfix *before* its module ran: when it was a
 module hotfix itself imports (``import logging`` opens the HF example scripts;
@@ -147,11 +147,12 @@ FIX_FIRST = textwrap.dedent(
     import foo_fix  # imports hotfix at its top: hotfix activates while foo_fix is half made
     import foo_lib.layers
     import hotfix, hotfix.cli
+    from hotfix.registry import registry
     status = io.StringIO()
     hotfix.cli.status(import_targets=False, out=status)
     print(json.dumps({"value": foo_lib.layers.value,
                       "status": [line.strip() for line in status.getvalue().splitlines() if "foo-layers-fix" in line],
-                      "errors": list(hotfix.registry.registry.load_errors.values())}))
+                      "errors": list(registry.load_errors.values())}))
     hotfix.revert(); hotfix.activate()
     print(json.dumps({"again": foo_lib.layers.value}))
     """

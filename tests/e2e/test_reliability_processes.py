@@ -88,7 +88,7 @@ def test_pip_uninstall_leaves_nothing(tmp_path):
     source.mkdir()
     for name in ("pyproject.toml", "setup.py", "README.md"):
         shutil.copy(REPO / name, source / name)
-    for name in ("hotfix", "patches", "boot"):
+    for name in ("hotfix", "patches"):
         shutil.copytree(REPO / name, source / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
     build = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(source)],

@@ -232,7 +232,7 @@ def test_an_unreadable_declaration_is_one_warning_at_load_never_applied_and_neve
     """Issue 31 item 9: a malformed specifier read as "outside the range": never applied, no line, and
     ``hotfix status`` said "not needed here".  Now: one warning when the fix object is created (its module is
     loaded) naming the fix, the mechanism, the distribution and the specifier; never applied; status says why."""
-    from hotfix.cli import _describe
+    from hotfix.cli import describe_fix
     from hotfix.status import state
 
     with caplog.at_level(logging.WARNING, logger="hotfix"):
@@ -249,7 +249,7 @@ def test_an_unreadable_declaration_is_one_warning_at_load_never_applied_and_neve
         said_state = state(fix, False, True, {})
         assert said_state.startswith("NOT APPLIED: invalid declaration: ") and "not needed" not in said_state, said_state
         lines = []
-        _describe(fix, lines.append)  # `hotfix status --verbose` lists no range it cannot read
+        describe_fix(fix, lines.append)  # `hotfix status --verbose` lists no range it cannot read
         assert fix.uncovered_here() is None and fix.mechanisms_here() == () and fix.distributions == ()
     assert len(caplog.records) == 1  # said once, however often it is checked
 

@@ -12,7 +12,8 @@ transformers with its dependencies: tools/census/runner.py).  For every checkpoi
 (``FUNCTIONS``; tools/lab/fork_loader.py turns it on as the fork does), one child runs
 tools/lab/fork_cases.py's cases without hotfix (HOTFIX_DISABLE=1), then with hotfix activated in the
 same process; a second child runs the plain case with hotfix on and the fork's own fix opted out
-(HOTFIX_DISABLED_PATCHES), which is what hotfix did to these forks before the fix existed.  Each case
+(HOTFIX_DISABLED_PATCHES): what hotfix's other fixes do to the fork's own wrapper (nothing, since they step aside
+there: hotfix.relations).  ``--phases hotfix-without-fix --releases axolotl`` measures only that child again.  Each case
 compares every parameter gradient with the same step without checkpointing (1e-6 relative).
 
 Rows: docs/census/forks/torch<version>.jsonl.gz (tools/sweep/sweep_store.py; a folder of its own:
@@ -94,8 +95,10 @@ def _row(fork, release, transformers, function, case, phase, result) -> Dict:
                 verdict={"differs": "wrong"}.get(status, status), detail=str(detail)[:160])
 
 
-def run_release(fork: str, release: str, transformers: Optional[str], sink, timeout: float) -> None:
-    """Every function of one release: upstream then hotfix in one child; hotfix without the fork's fix in another."""
+def run_release(fork: str, release: str, transformers: Optional[str], sink, timeout: float,
+                phases: Tuple[str, ...] = PHASES) -> None:
+    """Every function of one release: upstream then hotfix in one child; hotfix without the fork's fix in another
+    (``phases``: the children of those phases only)."""
     from hotfix.diagnostics.children import child_env, json_lines, last_line, run_python
 
     if transformers is None:
@@ -112,6 +115,7 @@ def run_release(fork: str, release: str, transformers: Optional[str], sink, time
             (("upstream", "hotfix"), [*CASES, "--activate", *CASES], {"HOTFIX_DISABLE": "1"}),
             (("hotfix-without-fix",), ["plain"], {"HOTFIX_DISABLED_PATCHES": FIX[fork]}),
         ]
+        children = [child for child in children if set(child[0]) & set(phases)]
         for phases, args, extra in children:
             env = child_env(True, keep_hotfix_settings=False, pythonpath=paths, extra=dict(extra, OMP_NUM_THREADS="1"))
             try:
@@ -194,7 +198,10 @@ def render(rows: List[Dict], doc: Path) -> None:
            "every parameter gradient against the same step without checkpointing, 1e-6): *broken* a case crashed or a "
            "gradient was missing or wrong, *fine* every case equal, *n/a* the release has no such function. "
            "*with hotfix, fork fix off*: the plain case (only hidden_states, what the fork was written for) with "
-           "hotfix's other fixes on and the fork's own fix opted out, as hotfix was before it existed. "
+           "hotfix's other fixes on and the fork's own fix opted out. Since 2026-11-28 hotfix's transformers fixes "
+           "step aside for a fork's own wrapper where the fork's fix is not applied (docs/design.md, reliances): "
+           "upstream's run; before, axolotl's crashed there on every release (its wrapper read `.func` from "
+           "hotfix's wrapper of the call: AttributeError). "
            "Columns: extra-inputs = a context tensor needing grad into every layer (by keyword from transformers "
            "4.52, positionally before), also behind a frozen first input; several-outputs = a layer returning "
            "(hidden, aux) or (hidden, None); tensor-output = a layer returning a tensor; models = tiny Whisper, "
@@ -262,16 +269,22 @@ def _describe(row: Dict) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--releases", default="", help="comma list of fork==version (default: every one of RELEASES)")
+    p.add_argument("--releases", default="", help="comma list of fork==version, or a fork's name for all its releases "
+                   "(default: every one of RELEASES)")
+    p.add_argument("--phases", default=",".join(PHASES),
+                   help=f"comma list of {', '.join(PHASES)}: measure (again) only those children; a release with "
+                        "rows of those phases is measured again only when --releases names it")
     runner.add_store_arguments(p, STORE, DOC, 900.0, "seconds per child")
     args = p.parse_args(argv)
     only = set(filter(None, args.releases.split(",")))
+    phases = tuple(phase for phase in PHASES if phase in args.phases.split(","))
 
     def jobs(torch: str, rows: List[Dict], sink) -> List:
-        done = {(r["fork"], r["release"]) for r in rows if r["torch"] == torch and r["verdict"] != "error"}
-        return [lambda entry=(fork, release, transformers): run_release(*entry, sink, args.timeout)
+        done = {(r["fork"], r["release"]) for r in rows if r["torch"] == torch and r["verdict"] != "error"
+                and r["phase"] in phases}
+        return [lambda entry=(fork, release, transformers): run_release(*entry, sink, args.timeout, phases)
                 for fork, entries in RELEASES.items() for release, transformers in entries
-                if (not only or f"{fork}=={release}" in only) and (fork, release) not in done]
+                if (f"{fork}=={release}" in only or fork in only) or (not only and (fork, release) not in done)]
 
     return runner.measure_and_render(args, "forks", jobs, _describe, _key, _group, render)
 
