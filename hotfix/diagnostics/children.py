@@ -84,10 +84,26 @@ def run_python(
     )
 
 
+#: what a child of the user's command runs first: this interpreter's sys.path (argv[1], JSON), then the module
+#: argv[2] as ``python -m`` would, with the rest of argv
+WITH_PATH = ("import json, runpy, sys; sys.path[:] = json.loads(sys.argv[1]); module = sys.argv[2]; "
+             "sys.argv[:] = [module, *sys.argv[3:]]; runpy.run_module(module, run_name='__main__', alter_sys=True)")
+
+
+def module_with_this_path(module: str, *args: str) -> List[str]:
+    """The arguments that run ``python -m MODULE ARGS`` in a child that imports from exactly this interpreter's
+    ``sys.path`` (relative entries, '' included, made absolute from here): a ``PYTHONPATH=tf`` of the user's,
+    the folder a script ran from, ``PYTHONSAFEPATH`` hold there as here, whatever the child's working folder
+    (``hotfix doctor``'s is the temporary folder)."""
+    path = [os.path.abspath(entry) if isinstance(entry, str) else entry for entry in sys.path]
+    return ["-c", WITH_PATH, json.dumps(path), module, *args]
+
+
 def check_model_child(argv: Sequence[str], disabled: bool) -> dict:
-    """``hotfix check-model ARGV --json`` in a fresh interpreter with hotfix off (``disabled``) or on: its report,
-    with its exit status (``check-model --compare-hotfix``)."""
-    proc = run_python(["-m", "hotfix", "check-model", *argv, "--json"], env=child_env(hotfix=not disabled))
+    """``hotfix check-model ARGV --json`` in a fresh interpreter with hotfix off (``disabled``) or on and this
+    interpreter's ``sys.path``: its report, with its exit status (``check-model --compare-hotfix``)."""
+    proc = run_python(module_with_this_path("hotfix", "check-model", *argv, "--json"),
+                      env=child_env(hotfix=not disabled))
     found = json_lines(proc.stdout)
     if found:
         return dict(found[-1], exit_status=proc.returncode)

@@ -4,8 +4,10 @@ Each run happens in a fresh interpreter (``python -m hotfix.diagnostics.doctor -
 so the unpatched run is really unpatched: it gets ``HOTFIX_DISABLE=1``, which
 stops both ``import hotfix`` and the ``.pth`` auto-activation.  The model is a
 tiny random-weight Whisper built from a config: no download, a few seconds on
-a CPU (``doctor_models.py``).  The children run in the system's temporary
-directory: a ``hotfix/`` folder in the caller's working directory (a source
+a CPU (``doctor_models.py``).  The children import from exactly the caller's
+``sys.path`` (``children.module_with_this_path``: a relative ``PYTHONPATH`` made
+absolute), and run in the system's temporary directory: a ``hotfix/`` folder in
+the caller's working directory that the caller does not import (a source
 checkout, say) must not shadow the installed package in them.  The check is :func:`hotfix.diagnostics.checker.check_model`
 in its ``default`` mode: gradients of the checkpointed step compared with a step
 without checkpointing on the same weights and batch.
@@ -14,11 +16,12 @@ without checkpointing on the same weights and batch.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import tempfile
 from typing import Dict, List
 
-from hotfix.diagnostics.children import child_env, json_lines, last_line, run_python
+from hotfix.diagnostics.children import child_env, json_lines, last_line, module_with_this_path, run_python
 from hotfix.notice import REPAIR_NOTICE
 
 # (case name, what it shows)
@@ -38,7 +41,8 @@ def run_case(case: str) -> Dict:
     from hotfix.registry import registry
 
     result = {"case": case, "transformers": transformers.__version__, "torch": torch.__version__,
-              "hotfix_active": registry.active}
+              "transformers_from": os.path.dirname(os.path.dirname(transformers.__file__)),
+              "torch_from": os.path.dirname(os.path.dirname(torch.__file__)), "hotfix_active": registry.active}
     model, batch = doctor_models.BUILDERS[case]()
     # cut="raise": a loss cut off the graph fails in backward(), as in the user's training script.
     report = check_model(model, batch, modes=["default"], cut="raise", time_limit=300)
@@ -62,7 +66,7 @@ def _child_main(cases: List[str]) -> int:
 
 
 def _run_child(disabled: bool) -> List[Dict]:
-    proc = run_python(["-m", "hotfix.diagnostics.doctor", "--child"] + [c for c, _ in CASES],
+    proc = run_python(module_with_this_path("hotfix.diagnostics.doctor", "--child", *[c for c, _ in CASES]),
                       env=child_env(hotfix=not disabled), cwd=tempfile.gettempdir(), timeout=600)
     for line in proc.stderr.splitlines():
         # hotfix's problem lines matter here; its "repaired" notice is what the table shows anyway.
@@ -113,7 +117,9 @@ def main(argv=None) -> int:
     without = _run_child(disabled=True)
     with_fix = _run_child(disabled=False)
     if without and "transformers" in without[0]:
-        print(f"transformers {without[0]['transformers']}, torch {without[0]['torch']}\n")
+        first = without[0]
+        print(f"transformers {first['transformers']} (from {first.get('transformers_from', '?')}), torch {first['torch']} "
+              f"(from {first.get('torch_from', '?')}): what this Python imports here\n")
     healthy = True
     for (case, what), before, after in zip(CASES, without, with_fix):
         print(f"{case}: {what}")

@@ -101,7 +101,9 @@ def startup_hook(package_dir: str, disabled: bool) -> str:
         return (f"NOT in effect: hotfix is in {home}, a folder on sys.path (PYTHONPATH, pip install --target) that "
                 f"is not a site directory; Python runs .pth start-up files only from site directories, so {UNPATCHED}; "
                 f"{REMEDY}")
-    if os.path.isfile(os.path.join(home, "patches", "__init__.py")):  # the fixes beside hotfix/: a checkout
+    if not os.path.isdir(os.path.join(package_dir, "patches")) and os.path.isfile(os.path.join(home, "patches",
+                                                                                            "__init__.py")):
+        # the fixes beside hotfix/, not in it (as hotfix/__init__.py tells a checkout from an install)
         return (f"NOT in effect: hotfix runs from the source checkout {home}, not installed in this environment: "
                 f"{UNPATCHED}; remedy: pip install -e {home}, or put `import hotfix` at the top of the script")
     return (f"NOT in effect: no start-up file beside {package_dir} nor in a site directory ({', '.join(sites)}): "

@@ -32,6 +32,24 @@ def test_doctor_reproduces_and_fixes_on_4_56_2():
     assert "verdict: this environment has the bug, and hotfix fixes it." in out
 
 
+def test_doctor_runs_its_cases_on_the_transformers_this_python_imports(tmp_path):
+    """Issue 41, part 5: with a relative ``PYTHONPATH`` (``PYTHONPATH=tf``, transformers 5.23.0 there) the user's
+    Python imports 5.23.0, but `hotfix doctor` ran its cases on the venv's 4.56.2 (its children start in the
+    temporary folder, where ``tf`` is nothing) and gave a verdict about the wrong install.  Its children now import
+    from exactly the caller's ``sys.path``; the doctor says which transformers and torch, from where."""
+    from conftest import matrix_path
+
+    (tmp_path / "tf").symlink_to(matrix_path("transformers", "5.23.0"))
+    env = clean_env({"PYTHONPATH": "tf"})
+    mine = subprocess.run([sys.executable, "-c", "import transformers; print(transformers.__version__)"], env=env,
+                          cwd=str(tmp_path), capture_output=True, text=True, timeout=300)
+    assert mine.stdout.strip() == "5.23.0", mine.stderr
+    proc = subprocess.run([_hotfix_command(), "doctor"], env=env, cwd=str(tmp_path), capture_output=True, text=True,
+                          timeout=900)
+    assert f"transformers 5.23.0 (from {tmp_path / 'tf'})" in proc.stdout, proc.stdout + proc.stderr
+    assert "4.56.2" not in proc.stdout, proc.stdout
+
+
 def test_python_dash_m_hotfix_defaults_to_status():
     """`python -m hotfix` prints the status report without importing targets when asked."""
     proc = run_python(["-m", "hotfix", "status", "--no-import"], timeout=120)
