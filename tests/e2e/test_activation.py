@@ -305,3 +305,27 @@ def test_boot_and_config_read_one_set_of_disable_values():
         env={"HOTFIX_DISABLE": "1"},
     )
     assert seen["one"] and seen["loaded"] == seen["config"]
+
+
+LISTINGS_PROBE = """
+import sys  # loaded already: no import happens, the hook's finder is not asked
+listed = []
+sys.addaudithook(lambda event, args: listed.append(str(args[0])) if event in ("os.listdir", "os.scandir") else None)
+import json  # the first top-level import of the process (d3ffe1e looked for third-party fixes here)
+import packaging  # the first import outside the standard library: where the hook looks for them now
+print(json.dumps({"listed": [path for path in listed if "big-folder" in path],
+                  "armed": any(type(f).__name__ == "ActivateOnFirstImport" for f in sys.meta_path)}))
+"""
+
+
+def test_the_first_import_lists_no_sys_path_folder_a_second_time(tmp_path):
+    """Issue 40, defect 2: at the first import of every process the start-up hook listed every ``sys.path`` folder
+    again (``os.listdir``), after Python's own listing: a folder of 100,000 files on PYTHONPATH cost 1.5x an
+    ``import json`` (docs/performance.md).  It reads the listings Python's path finder keeps now: no folder Python
+    listed during start-up is listed again."""
+    folder = tmp_path / "big-folder"
+    folder.mkdir()
+    for i in range(200):
+        (folder / f"data_{i}.bin").touch()
+    proc = run_python(["-c", LISTINGS_PROBE], pythonpath=[folder], timeout=120)
+    assert json_lines(proc.stdout) == [{"listed": [], "armed": True}], proc.stdout + proc.stderr
