@@ -30,6 +30,7 @@ ALWAYS = "every call it changes"
 UNDER_DDP = "a call inside a DDP forward that searches for unused parameters"
 FORK_CHECKPOINT = "a call through a checkpoint function of the other fix's targets"
 UNSLOTH_FUNCTION = "a call that may reach unsloth-zoo's UnslothCheckpointFunction"
+ROUTED = "a call it hands from torch's checkpoint_wrapper to transformers' own checkpointing of the layer"
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,8 @@ class Reliance:
 
 _ROUTED = "leaves the call non-reentrant (unsloth's offload stays bypassed, one warning)"
 _UPSTREAM = "leaves the call as upstream makes it (axolotl's wrapper reads the partial transformers made)"
+_WRAPPER = "leaves the wrapper's call as upstream makes it (the Cache written again by the recomputation)"
+_ROUTED_BARE = "hands the call on without that repair, as transformers' own checkpointing has it without the fix"
 _ANCHOR = "puts what it adds behind a 0-byte anchor that needs grad (the release's backward needs a first input that does)"
 
 RELIANCES: Tuple[Reliance, ...] = (
@@ -57,6 +60,9 @@ RELIANCES: Tuple[Reliance, ...] = (
     Reliance("transformers-frozen-inputs", "unsloth-zoo-offload-backward", UNSLOTH_FUNCTION, _ANCHOR),
     Reliance("transformers-ddp-find-unused", "unsloth-zoo-offload-backward", UNSLOTH_FUNCTION, _ANCHOR),
     Reliance("unsloth-zoo-closure-tensors", "unsloth-zoo-offload-backward", UNSLOTH_FUNCTION, _ANCHOR),
+    Reliance("torch-checkpoint-wrapper", "transformers-checkpoint-layer-io", ALWAYS, _WRAPPER),
+    Reliance("torch-checkpoint-wrapper", "transformers-frozen-inputs", ROUTED, _ROUTED_BARE),
+    Reliance("torch-checkpoint-wrapper", "transformers-ddp-find-unused", ROUTED, _ROUTED_BARE),
 )
 
 

@@ -40,6 +40,7 @@ def checkpoint_with_lifted_inputs(fix: CheckpointFunctionFix) -> Callable:
     from hotfix.checkpointing.outputs import FlatOutputs
     from hotfix.checkpointing.shared_state import UNSAFE, SharedStateWrites
     from hotfix.checkpointing.structure import hides_nothing
+    from hotfix.checkpointing.torch_wrapper import packed_upstream
     from hotfix.checkpointing.unsloth import FirstInputRule
 
     first_input = FirstInputRule(fix)
@@ -56,6 +57,7 @@ def checkpoint_with_lifted_inputs(fix: CheckpointFunctionFix) -> Callable:
         function, inputs = args[0], args[1:]
         writes = None
         if not hides_nothing(function, inputs):
+            packed = packed_upstream(wrapped, function)  # torch's checkpoint_wrapper made these inputs itself
             watched = SharedStateWrites.around(function, inputs, warn=fix.warn_once)
             if watched is UNSAFE:  # a mapping without a private copy: the call as upstream makes it (said once)
                 return wrapped(*args, **kwargs)
@@ -67,7 +69,7 @@ def checkpoint_with_lifted_inputs(fix: CheckpointFunctionFix) -> Callable:
                 function, inputs = lifted
                 # A lifted leaf (a parameter by keyword) is right upstream too: its gradient accumulates
                 # directly.  A tensor with a history is re-walked by each recomputation upstream.
-                if any(tensor.grad_fn is not None for tensor in inputs[count:]):
+                if any(tensor.grad_fn is not None and id(tensor) not in packed for tensor in inputs[count:]):
                     fix.repaired("tensors passed by keyword became checkpoint inputs")
                 if not first_input_needs_grad(inputs) and first_input.needs_grad_first():
                     function, inputs = anchored(function, inputs, first=True)

@@ -16,57 +16,9 @@ docs/fixes/transformers-ddp-find-unused.md.
 
 from __future__ import annotations
 
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, Optional
 
 from hotfix.checkpointing.slot_fix import CheckpointFunctionFix, on_every_reached_release
-
-
-def trainable_slots(modules: List[Any]) -> List[Tuple[Any, str, Any]]:
-    """``(owner, name, parameter)`` for every trainable parameter of ``modules`` and their submodules.
-
-    A parameter held by two owners (tied weights) comes once per owner: both places get its twin.
-    """
-    slots, owners = [], set()
-    for module in modules:
-        for owner in module.modules():
-            if id(owner) in owners:
-                continue
-            owners.add(id(owner))
-            for name, parameter in owner._parameters.items():
-                if parameter is not None and parameter.requires_grad:
-                    slots.append((owner, name, parameter))
-    return slots
-
-
-def with_parameters_as_inputs(function: Callable, count: int, slots: List[Tuple[Any, str, Any]],
-                              parameters: Tuple[Any, ...], recomputing: Callable[[], None]) -> Callable:
-    """``function`` for a checkpoint call whose inputs are its ``count`` inputs followed by ``parameters``.
-
-    The checkpoint's forward hands the parameters themselves: the layer runs as it is.  The
-    recomputation hands their detached copies: the layer runs with each copy in its parameter's place
-    (``owner._parameters``, restored after the call), so the recomputation's backward accumulates into
-    the copies, which the checkpoint returns as the gradients of its parameter inputs.  ``recomputing``
-    is called then: where upstream's recomputation would have marked those parameters ready again.
-    Shows the layer as ``function`` does (``checkpointing.layer_call``).
-    """
-    from hotfix.checkpointing.layer_call import ShownCall  # imports torch: only when called
-
-    def run_with_parameters(*all_inputs):
-        given = all_inputs[count:]
-        inputs = all_inputs[:count]
-        if all(a is b for a, b in zip(given, parameters)):
-            return function(*inputs)
-        recomputing()
-        twins = {id(parameter): twin for parameter, twin in zip(parameters, given)}
-        for owner, name, parameter in slots:
-            owner._parameters[name] = twins[id(parameter)]
-        try:
-            return function(*inputs)
-        finally:
-            for owner, name, parameter in slots:
-                owner._parameters[name] = parameter
-
-    return ShownCall(run_with_parameters, function)
 
 
 def checkpoint_with_visible_parameters(fix: CheckpointFunctionFix) -> Callable:
@@ -78,12 +30,13 @@ def checkpoint_with_visible_parameters(fix: CheckpointFunctionFix) -> Callable:
     import torch
 
     from hotfix.checkpointing.inputs import anchored, first_input_needs_grad, is_reentrant
-    from hotfix.checkpointing.ddp import searching_ddp
+    from hotfix.checkpointing.ddp import searching_ddp, trainable_slots, unused_reporter, with_parameters_as_inputs
     from hotfix.checkpointing.layer_call import modules_called
     from hotfix.checkpointing.unsloth import FirstInputRule
 
     is_grad_enabled = torch.is_grad_enabled
     first_input = FirstInputRule(fix)
+    unused = unused_reporter(fix)
 
     def recomputing() -> None:
         fix.repaired("a checkpointed layer's parameters became checkpoint inputs, seen by DDP's search for unused ones")
@@ -104,21 +57,10 @@ def checkpoint_with_visible_parameters(fix: CheckpointFunctionFix) -> Callable:
         parameters = tuple({id(p): p for _, _, p in slots}.values())
         if not first_input_needs_grad(inputs) and first_input.needs_grad_first():
             function, inputs = anchored(function, inputs, first=True)
-        function = with_parameters_as_inputs(function, len(inputs), slots, parameters, recomputing)
+        function = with_parameters_as_inputs(function, len(inputs), slots, parameters, recomputing, unused)
         return wrapped(function, *inputs, *parameters, **kwargs)
 
     return expose_parameters_to_ddp
-
-
-def ddp_drift() -> Optional[str]:
-    """Why torch's DDP no longer tells which DDP module's forward is running, or None."""
-    try:
-        from torch.nn.parallel import DistributedDataParallel
-    except Exception as exc:  # a torch without it: nothing this fix can read
-        return f"torch.nn.parallel.DistributedDataParallel cannot be imported: {exc!r}"
-    if not hasattr(DistributedDataParallel, "_active_ddp_module"):
-        return "DistributedDataParallel._active_ddp_module (the module whose forward runs) is missing"
-    return None
 
 
 class TransformersDdpFindUnused(CheckpointFunctionFix):
@@ -142,6 +84,10 @@ class TransformersDdpFindUnused(CheckpointFunctionFix):
         return checkpoint_with_visible_parameters(self)
 
     def drift(self, module: Any) -> Optional[str]:
+        try:
+            from hotfix.checkpointing.ddp import ddp_drift
+        except Exception as exc:  # a torch without DDP: nothing this fix can read
+            return f"torch.nn.parallel.DistributedDataParallel cannot be imported: {exc!r}"
         return super().drift(module) or ddp_drift()
 
 

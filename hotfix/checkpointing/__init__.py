@@ -11,7 +11,8 @@ imports nothing (activation never imports torch).
     outputs       nested outputs returned flat and connected; unused outputs left without gradient
     shared_state  what a layer writes into a mapping or Cache it is handed, replayed onto the caller's
     layer_call    which layer a call runs; hotfix's wrappers of a call show it
-    ddp           is a DistributedDataParallel forward searching for unused parameters
+    ddp           is a DistributedDataParallel forward searching for unused parameters; parameters as checkpoint inputs
+    torch_wrapper a layer under torch's checkpoint_wrapper, handed to transformers' own checkpointing for one call
     unsloth       what the fixes rely on in unsloth-zoo's UnslothCheckpointFunction
     forks         LlamaFactory's / axolotl's copies of unsloth's checkpointer, called with every input connected
     offload/      the activation offloader (host memory, streams) and its devices

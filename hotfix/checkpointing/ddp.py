@@ -1,6 +1,6 @@
 """Is a DistributedDataParallel forward running that will search its graph for unused parameters?
 
-The one answer for transformers-ddp-find-unused (which acts only there) and
+The one answer for transformers-ddp-find-unused and torch-ddp-find-unused (which act only there) and
 unsloth-zoo-nonreentrant-offload (which makes a call reentrant there only where that fix is applied).
 DDP searches when built with ``find_unused_parameters=True``, without ``static_graph``, and outside
 ``no_sync()`` (no search that step: the parameters' hooks are not awaited).  Which DDP module's forward
@@ -10,11 +10,11 @@ is missing, the DDP fix's drift check says so; here it reads as no DDP forward).
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Callable, List, Optional, Tuple
 
 from torch.nn.parallel import DistributedDataParallel
 
-__all__ = ["searching_ddp"]
+__all__ = ["ddp_drift", "searching_ddp", "trainable_slots", "unused_reporter", "with_parameters_as_inputs"]
 
 
 def searching_ddp() -> Optional[Any]:
@@ -23,3 +23,108 @@ def searching_ddp() -> Optional[Any]:
     if ddp is None or not getattr(ddp, "find_unused_parameters", False) or getattr(ddp, "static_graph", False):
         return None
     return ddp if getattr(ddp, "require_backward_grad_sync", True) else None
+
+
+def trainable_slots(modules: List[Any]) -> List[Tuple[Any, str, Any]]:
+    """``(owner, name, parameter)`` for every trainable parameter of ``modules`` and their submodules.
+
+    A parameter held by two owners (tied weights) comes once per owner: both places get its twin.
+    """
+    slots, owners = [], set()
+    for module in modules:
+        for owner in module.modules():
+            if id(owner) in owners:
+                continue
+            owners.add(id(owner))
+            for name, parameter in owner._parameters.items():
+                if parameter is not None and parameter.requires_grad:
+                    slots.append((owner, name, parameter))
+    return slots
+
+
+def with_parameters_as_inputs(function: Callable, count: int, slots: List[Tuple[Any, str, Any]],
+                              parameters: Tuple[Any, ...], recomputing: Callable[[], None],
+                              unused: Optional[Callable[[List[str]], None]] = None) -> Callable:
+    """``function`` for a checkpoint call whose inputs are its ``count`` inputs followed by ``parameters``.
+
+    The checkpoint's forward hands the parameters themselves: the layer runs as it is.  The
+    recomputation hands their detached copies: the layer runs with each copy in its parameter's place
+    (``owner._parameters``, restored after the call), so the recomputation's backward accumulates into
+    the copies, which the checkpoint returns as the gradients of its parameter inputs.  ``recomputing``
+    is called then: where upstream's recomputation would have marked those parameters ready again.
+    ``unused``, where given, hears at the end of that backward the names of the parameters whose copies got no
+    gradient (a MoE expert no token reached): DDP's search counted them as used (:func:`unused_reporter`).
+    Shows the layer as ``function`` does (``checkpointing.layer_call``).
+    """
+    from hotfix.checkpointing.layer_call import ShownCall  # imports torch: only when called
+
+    def run_with_parameters(*all_inputs):
+        given = all_inputs[count:]
+        inputs = all_inputs[:count]
+        if all(a is b for a, b in zip(given, parameters)):
+            return function(*inputs)
+        recomputing()
+        twins = {id(parameter): twin for parameter, twin in zip(parameters, given)}
+        for owner, name, parameter in slots:
+            owner._parameters[name] = twins[id(parameter)]
+        if unused is not None:
+            _after_backward(lambda: unused(_names(function, [(owner, name) for owner, name, parameter in slots
+                                                             if twins[id(parameter)].grad is None])))
+        try:
+            return function(*inputs)
+        finally:
+            for owner, name, parameter in slots:
+                owner._parameters[name] = parameter
+
+    return ShownCall(run_with_parameters, function)
+
+
+def _names(function: Callable, slots: List[Tuple[Any, str]]) -> List[str]:
+    """``layer class.path.to.parameter`` for each ``(owner, name)`` of the layer ``function`` runs."""
+    if not slots:
+        return []
+    from hotfix.checkpointing.layer_call import layer_of
+
+    layer = layer_of(function)
+    paths = {id(module): path for path, module in layer.named_modules()} if layer is not None else {}
+    prefix = type(layer).__name__ if layer is not None else "?"
+    return [".".join(part for part in (prefix, paths.get(id(owner), type(owner).__name__), name) if part)
+            for owner, name in slots]
+
+
+def _after_backward(callback: Callable[[], None]) -> None:
+    """Run ``callback`` once the backward running now has finished (where torch's engine lets a caller queue one:
+    DDP queues its own that way; elsewhere nothing is run)."""
+    from torch.autograd import Variable
+
+    try:
+        Variable._execution_engine.queue_callback(callback)
+    except Exception:  # no backward running, or an engine without the call: nothing to report
+        pass
+
+
+def unused_reporter(fix: Any) -> Callable[[List[str]], None]:
+    """What tells the user, once, that DDP's advice to turn ``find_unused_parameters`` off does not hold.
+
+    A fix that makes a checkpointed layer's parameters checkpoint inputs makes every one of them reachable to DDP's
+    search, also those the step does not use; where the search then finds nothing unused, DDP advises turning the
+    flag off, and following that advice fails at the next step.  hotfix cannot take DDP's line back (torch prints it
+    from C++); this line, said where a parameter hotfix passed got no gradient, is why the flag must stay.
+    """
+    def report(names: List[str]) -> None:
+        if names:
+            fix.warn_once("unused parameters", (
+                f"{len(names)} parameter(s) of checkpointed layers got no gradient in a step (e.g. {names[0]}); DDP's "
+                f"search cannot tell under reentrant checkpointing, where hotfix hands it every parameter of such a "
+                f"layer: if DDP said it \"did not find any unused parameters\" and advised turning "
+                f"find_unused_parameters off, keep it on: this model leaves parameters unused in some steps, and "
+                f"without the flag DDP fails (\"Expected to have finished reduction in the prior iteration\")"))
+
+    return report
+
+
+def ddp_drift() -> Optional[str]:
+    """Why torch's DDP no longer tells which DDP module's forward is running, or None."""
+    if not hasattr(DistributedDataParallel, "_active_ddp_module"):
+        return "DistributedDataParallel._active_ddp_module (the module whose forward runs) is missing"
+    return None

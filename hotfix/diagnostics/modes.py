@@ -1,8 +1,8 @@
 """The checkpointing modes a check runs, and how a checkpoint function is named in reports.
 
-``reentrant`` / ``non-reentrant``: ``gradient_checkpointing_enable`` with
-``use_reentrant`` True / False; ``default``: ``gradient_checkpointing_enable()``
-with no arguments (the model's own default and whatever checkpoint function is
+``reentrant`` / ``non-reentrant``: ``activation_checkpointing_enable`` (5.x; where a model has
+only the older name, ``gradient_checkpointing_enable``) with ``use_reentrant`` True / False;
+``default``: the enabler with no arguments (the model's own default and whatever checkpoint function is
 installed, e.g. unsloth's; its qualified name is reported).
 """
 
@@ -53,15 +53,29 @@ def layer_function(model) -> Optional[str]:
     return None
 
 
-def _takes_checkpointing_kwargs(enable: Any) -> bool:
-    """Does ``gradient_checkpointing_enable`` take ``gradient_checkpointing_kwargs`` (transformers 4.35+)?"""
+#: (enabler, its kwargs argument, disabler, the property that says it is on): transformers' names, newest first.
+#: 5.x's ``activation_checkpointing*`` names are the first-class ones (5.24 deprecates the ``gradient_checkpointing*``
+#: names for removal in v6); before them, the ``gradient_checkpointing*`` names.
+NAMES = (("activation_checkpointing_enable", "activation_checkpointing_kwargs", "activation_checkpointing_disable",
+          "is_activation_checkpointing"),
+         ("gradient_checkpointing_enable", "gradient_checkpointing_kwargs", "gradient_checkpointing_disable",
+          "is_gradient_checkpointing"))
+
+
+def _names(model: Any) -> tuple:
+    """The names ``model`` has (``NAMES``' first whose enabler it has), or the old ones where it has neither."""
+    return next((names for names in NAMES if callable(getattr(model, names[0], None))), NAMES[-1])
+
+
+def _takes_checkpointing_kwargs(enable: Any, keyword: str = "gradient_checkpointing_kwargs") -> bool:
+    """Does the enabler take its kwargs argument (``gradient_checkpointing_kwargs``: transformers 4.35+)?"""
     import inspect
 
     try:
         parameters = inspect.signature(enable).parameters.values()
     except (TypeError, ValueError):  # no signature to read: let the call decide
         return True
-    return any(p.name == "gradient_checkpointing_kwargs" or p.kind is p.VAR_KEYWORD for p in parameters)
+    return any(p.name == keyword or p.kind is p.VAR_KEYWORD for p in parameters)
 
 
 def mode_name(mode: Any) -> str:
@@ -83,29 +97,29 @@ def enable(model, mode: Any) -> str:
         if held is None:
             raise NotImplementedError(f"{mode[0]} set no checkpoint function on any layer")
         return held
-    enable = getattr(model, "gradient_checkpointing_enable", None)
+    enabler, keyword, _, _ = _names(model)
+    enable = getattr(model, enabler, None)
     if enable is None:
-        raise NotImplementedError(f"{type(model).__name__} has no gradient_checkpointing_enable()")
+        raise NotImplementedError(f"{type(model).__name__} has no {enabler}()")
     if getattr(model, "supports_gradient_checkpointing", True) is False:
         raise NotImplementedError(f"{type(model).__name__}.supports_gradient_checkpointing is False")
-    takes_kwargs = _takes_checkpointing_kwargs(enable)
+    takes_kwargs = _takes_checkpointing_kwargs(enable, keyword)
     if mode in ("reentrant", "non-reentrant") and not takes_kwargs:
-        raise NotImplementedError(f"{type(model).__name__}.gradient_checkpointing_enable() takes no "
-                                  "gradient_checkpointing_kwargs (transformers before 4.35): use_reentrant "
-                                  "cannot be chosen")
+        raise NotImplementedError(f"{type(model).__name__}.{enabler}() takes no {keyword} (transformers before "
+                                  "4.35): use_reentrant cannot be chosen")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         if mode == "reentrant":
-            enable(gradient_checkpointing_kwargs={"use_reentrant": True})
+            enable(**{keyword: {"use_reentrant": True}})
         elif mode == "non-reentrant":
-            enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            enable(**{keyword: {"use_reentrant": False}})
         elif mode == "default":
             enable()
         else:
             raise ValueError(f"unknown checkpointing mode {mode!r}; known: {', '.join(MODES)}")
     held = layer_function(model)
     if held is None:
-        raise NotImplementedError("gradient_checkpointing_enable() set no checkpoint function on any layer"
+        raise NotImplementedError(f"{enabler}() set no checkpoint function on any layer"
                                   + ("; its layers call torch's checkpoint from their own code (transformers "
                                      "before 4.35), which this check cannot see" if mode == "default"
                                      and not takes_kwargs else ""))
@@ -113,8 +127,9 @@ def enable(model, mode: Any) -> str:
 
 
 def disable(model) -> None:
-    disable = getattr(model, "gradient_checkpointing_disable", None)
-    with warnings.catch_warnings():  # 5.23 deprecates both names (FutureWarning)
+    _, _, disabler, flag = _names(model)
+    disable = getattr(model, disabler, None)
+    with warnings.catch_warnings():  # the deprecated names warn (FutureWarning)
         warnings.simplefilter("ignore", FutureWarning)
-        if disable is not None and getattr(model, "is_gradient_checkpointing", False):
+        if disable is not None and getattr(model, flag, False):
             disable()

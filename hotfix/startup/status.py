@@ -16,7 +16,7 @@ import sys
 import types
 from typing import List, Optional
 
-from hotfix.startup.boot import BOOT_MODULE, STARTUP_FILES
+from hotfix.startup.boot import BOOT_MODULE, STARTUP_FILES, triggers_text
 
 REMEDY = ("remedy: install it into this environment (pip install hotfix-checkpoint), or put `import hotfix` "
           "at the top of the script, or `import hotfix.auto` in a sitecustomize.py")
@@ -83,7 +83,7 @@ def startup_hook(package_dir: str, disabled: bool) -> str:
     if finder is not None:
         where = installed or getattr(sys.modules.get(BOOT_MODULE), "__file__", None) or "a start-up file"
         text = (f"in effect ({where}): a script that never imports hotfix is patched when it imports "
-                "transformers, unsloth or unsloth_zoo")
+                f"{triggers_text()}")
         loads = getattr(finder, "home", None)
         if loads and not _same(loads, home):
             text += f"; the hook loads hotfix from {loads}, this command runs {package_dir}"
@@ -91,7 +91,7 @@ def startup_hook(package_dir: str, disabled: bool) -> str:
     customize = _customize_importing_hotfix()
     if customize:
         return (f"not installed as one, but {customize} imports hotfix at start-up: a script is patched when it "
-                "imports transformers, unsloth or unsloth_zoo")
+                f"imports {triggers_text()}")
     if sys.flags.no_site:
         return (f"NOT in effect in this interpreter (started without site, python -S): {UNPATCHED} "
                 "under the same flag")

@@ -26,12 +26,9 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from hotfix.diagnostics.compare import collect_grads, compare_grads
-from hotfix.patches.transformers_ddp_find_unused import (
-    checkpoint_with_visible_parameters,
-    patch,
-    trainable_slots,
-    with_parameters_as_inputs,
-)
+from hotfix.checkpointing.ddp import trainable_slots, with_parameters_as_inputs
+from hotfix.patches.torch_ddp_find_unused import patch as direct_fix
+from hotfix.patches.transformers_ddp_find_unused import checkpoint_with_visible_parameters, patch
 
 FIND_UNUSED = "Expected to mark a variable ready only once"
 REENTRANT = functools.partial(checkpoint, use_reentrant=True)  # what transformers stores on a layer
@@ -72,6 +69,10 @@ class Model(nn.Module):
 
 @pytest.fixture(scope="module")
 def one_rank():
+    # This file tests transformers-ddp-find-unused's wrapper on its own: torch's checkpoint as upstream has it,
+    # without torch-ddp-find-unused (which repairs it wherever it is entered; tested last, below)
+    was_applied = direct_fix.applied
+    direct_fix.revert()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -79,6 +80,8 @@ def one_rank():
                             timeout=timedelta(seconds=60))
     yield
     dist.destroy_process_group()
+    if was_applied:
+        direct_fix.apply(torch.utils.checkpoint)
 
 
 def fixed_function():
@@ -202,3 +205,24 @@ def test_the_recomputation_runs_with_the_twins_and_restores_the_parameters():
     with pytest.raises(ValueError):
         run(None, *twins)
     assert layer.lin.weight is parameters[0] and isinstance(layer.lin.weight, nn.Parameter)
+
+
+def test_torch_ddp_find_unused_repairs_the_same_call_entered_directly(one_rank):
+    """torch-ddp-find-unused: the model calling torch's reentrant checkpoint itself (no transformers function, no
+    slot), failing above without it, trains with it applied, every gradient equal to DDP without checkpointing;
+    where transformers' fix has passed the parameters already it adds nothing (the same gradients)."""
+    import torch.utils.checkpoint as torch_checkpoint
+
+    original = torch_checkpoint.CheckpointFunction.__dict__.get("apply")
+    reference = ddp_grads(None)
+    assert direct_fix.apply(torch_checkpoint)
+    try:
+        for function in (REENTRANT, fixed_function()):
+            report = compare_grads(reference, ddp_grads(function), rtol=1e-6)
+            assert report.ok and len(report.equal) == 10, report.summary()
+        assert ddp_grads(REENTRANT)["layers.0.never_used"] is None
+    finally:
+        direct_fix.revert()
+    assert torch_checkpoint.CheckpointFunction.__dict__.get("apply") is original
+    with pytest.raises(RuntimeError, match=FIND_UNUSED):
+        ddp_grads(REENTRANT)

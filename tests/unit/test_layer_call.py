@@ -29,6 +29,7 @@ from hotfix.diagnostics.compare import collect_grads, compare_grads
 from hotfix.patches import transformers_checkpoint_layer_io as layer_io
 from hotfix.patches import transformers_ddp_find_unused as ddp_fix
 from hotfix.patches import transformers_frozen_inputs as frozen_inputs
+from hotfix.checkpointing.ddp import with_parameters_as_inputs
 from hotfix.checkpointing.inputs import anchored, lift_closure_tensors
 from hotfix.checkpointing.outputs import FlatOutputs
 from hotfix.checkpointing.shared_state import SharedStateWrites
@@ -219,7 +220,7 @@ def test_each_wrapper_shows_the_layer_and_what_it_wraps_never_a_call_to_remake()
     first, _ = anchored(FlatOutputs(call), (hidden,), first=True)
     watcher, watched, _ = SharedStateWrites.around(functools.partial(layer.__call__, shared={}), (hidden,))
     parameters = tuple(layer.parameters())
-    swap = ddp_fix.with_parameters_as_inputs(call, 1, [], parameters, lambda: None)
+    swap = with_parameters_as_inputs(call, 1, [], parameters, lambda: None)
     wrappers = {"FlatOutputs": (FlatOutputs(call), call), "lifting": (lifted, call), "anchor last": (last, call),
                 "anchor first": (first, None), "SharedStateWrites": (watcher, None),
                 "partial(SharedStateWrites)": (watched, None), "DDP swap": (swap, call),

@@ -15,6 +15,10 @@ the fix's own cost, not the network's.  A Llama-style model (tools/lab/ddp_cases
   layer, its trainable parameters as inputs); in the recomputation, putting the detached copies in
   the parameters' places and back around a layer call that returns at once.  Upstream does
   neither (and crashes);
+* torch-ddp-find-unused's own work per call of torch's reentrant checkpoint entered directly
+  (``CheckpointFunction.apply`` with the same layer, a stand-in that returns at once): inside a
+  searching DDP forward, and outside any (what every reentrant call of a process with hotfix pays);
+  each also as a share of the step time per checkpointed layer (a ratio from the same run);
 * a training step (forward + backward) through ``DistributedDataParallel``: reentrant with hotfix
   (upstream's crashes: "Expected to mark a variable ready only once") against non-reentrant
   checkpointing (what upstream recommends instead; the fix leaves it alone) and no checkpointing.
@@ -55,8 +59,8 @@ def _fix_us(ddp, calls):
     """Median µs of the fix's work per checkpointed call of one decoder layer: (forward side, recomputation side)."""
     import functools
 
-    from hotfix.patches.transformers_ddp_find_unused import (
-        checkpoint_with_visible_parameters, patch, trainable_slots, with_parameters_as_inputs)
+    from hotfix.checkpointing.ddp import trainable_slots, with_parameters_as_inputs
+    from hotfix.patches.transformers_ddp_find_unused import checkpoint_with_visible_parameters, patch
 
     layer = ddp.module.get_base_model().model.layers[0]
     hidden = torch.randn(1, 4, layer.self_attn.q_proj.in_features, requires_grad=True)
@@ -69,6 +73,22 @@ def _fix_us(ddp, calls):
             start = time.perf_counter()
             wrapper(returns_at_once, None, (function, hidden), {"use_reentrant": True})
             forward.append(time.perf_counter() - start)
+    # torch-ddp-find-unused: the same layer's call entered directly (torch's checkpoint calling
+    # CheckpointFunction.apply(layer, preserve, hidden)), inside DDP's forward and, what every reentrant call of the
+    # process now pays, outside it
+    from hotfix.patches.torch_ddp_find_unused import apply_with_visible_parameters, patch as direct_patch
+
+    direct = apply_with_visible_parameters(direct_patch)
+    direct_forward, direct_outside = [], []
+    with ddp._inside_ddp_forward():
+        for _ in range(calls):
+            start = time.perf_counter()
+            direct(returns_at_once, None, (layer, True, hidden), {})
+            direct_forward.append(time.perf_counter() - start)
+    for _ in range(calls):
+        start = time.perf_counter()
+        direct(returns_at_once, None, (layer, True, hidden), {})
+        direct_outside.append(time.perf_counter() - start)
     slots = trainable_slots([layer])
     parameters = tuple({id(p): p for _, _, p in slots}.values())
     twins = tuple(p.detach().requires_grad_() for p in parameters)
@@ -78,7 +98,8 @@ def _fix_us(ddp, calls):
         start = time.perf_counter()
         run(hidden, *twins)
         recompute.append(time.perf_counter() - start)
-    return statistics.median(forward) * 1e6, statistics.median(recompute) * 1e6, len(parameters)
+    return (statistics.median(forward) * 1e6, statistics.median(recompute) * 1e6, len(parameters),
+            statistics.median(direct_forward) * 1e6, statistics.median(direct_outside) * 1e6)
 
 
 def _step_s(ddp, batch, steps):
@@ -117,11 +138,14 @@ def main(argv=None):
     variants = {"reentrant + hotfix": True, "non-reentrant": False, "no checkpointing": None}
     models = {name: ddp(_model(args.width, args.layers, reentrant)) for name, reentrant in variants.items()}
     calls = {"forward": [], "recomputation": []}
+    direct_calls = {"direct call, inside DDP's forward": [], "direct call, outside DDP": []}
     steps = {name: [] for name in variants}
     for _ in range(args.rounds):  # interleaved: drift of a busy machine hits every variant alike
-        forward_us, recompute_us, trainable = _fix_us(models["reentrant + hotfix"], args.calls)
+        forward_us, recompute_us, trainable, direct_us, outside_us = _fix_us(models["reentrant + hotfix"], args.calls)
         calls["forward"].append(forward_us)
         calls["recomputation"].append(recompute_us)
+        direct_calls["direct call, inside DDP's forward"].append(direct_us)
+        direct_calls["direct call, outside DDP"].append(outside_us)
         for name, model in models.items():
             steps[name].append(_step_s(model, batch, args.steps))
     dist.destroy_process_group()
@@ -134,6 +158,8 @@ def main(argv=None):
         "settings": vars(args),
         "trainable_parameters_per_layer": trainable,
         "fix_us_per_checkpointed_call": dict(per_call, total=round(sum(per_call.values()), 1)),
+        "torch_ddp_find_unused_us_per_call": {side: round(statistics.median(t), 2) for side, t in direct_calls.items()},
+        "layer_step_s_per_checkpointed_layer": round(step["reentrant + hotfix"] / args.layers, 5),
         "step_s": {name: round(value, 4) for name, value in step.items()},
         "step_ratio_vs_non_reentrant": round(step["reentrant + hotfix"] / step["non-reentrant"], 3),
         "step_ratio_vs_no_checkpointing": round(step["reentrant + hotfix"] / step["no checkpointing"], 3),
@@ -144,6 +170,11 @@ def main(argv=None):
           f"{per_call['forward']}, recomputation {per_call['recomputation']}); step reentrant + hotfix / "
           f"non-reentrant = {result['step_ratio_vs_non_reentrant']}, / no checkpointing = "
           f"{result['step_ratio_vs_no_checkpointing']}")
+    inside, outside = result["torch_ddp_find_unused_us_per_call"].values()
+    per_layer_us = result["layer_step_s_per_checkpointed_layer"] * 1e6
+    print(f"torch-ddp-find-unused per direct call: {inside} µs inside DDP's forward, {outside} µs outside DDP; "
+          f"against a step's share per checkpointed layer ({per_layer_us:.0f} µs): {inside / per_layer_us:.4f} and "
+          f"{outside / per_layer_us:.5f}")
     return 0
 
 

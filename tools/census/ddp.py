@@ -21,11 +21,7 @@ page: docs/census/ddp.md.  ``gate_problems()`` holds the declared range of trans
 
 from __future__ import annotations
 
-import argparse
-import json
-import socket
 import sys
-import tempfile
 from pathlib import Path
 from typing import Dict, List, Optional
 
@@ -58,12 +54,6 @@ def _group(row: Dict) -> str:
     return f"torch{row['torch']}"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def row_of(release: str, function: str, recipe: str, hotfix: bool, result: Optional[Dict], why: str = "") -> Dict:
     """One case's result (ddp_cases.py) as a row: equal / wrong / crash / error."""
     if result is None:
@@ -80,26 +70,16 @@ def row_of(release: str, function: str, recipe: str, hotfix: bool, result: Optio
 
 def run_release(release: str, hotfix: bool, sink, timeout: float) -> None:
     """One rank of tools/lab/ddp_cases.py on ``release``, every case, hotfix off or on."""
-    from hotfix.diagnostics.children import child_env, last_line, run_python
     import sweep_models
 
     install("transformers", release)
     peft = sweep_models.older_peft(release)
     if peft:
         install("peft", peft)
-    paths = [*sweep_models.release_pythonpath(release, "unsloth"), REPO / "tools" / "lab"]
-    extra = {"OMP_NUM_THREADS": "1", "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0",
-             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "GLOO_SOCKET_IFNAME": "lo"}
-    env = child_env(hotfix, keep_hotfix_settings=False, pythonpath=paths, extra=extra)
-    with tempfile.TemporaryDirectory() as out:
-        proc = run_python([str(REPO / "tools" / "lab" / "ddp_cases.py"), out, *CASES.values()],
-                          env=env, cwd=Path("/tmp"), timeout=timeout)
-        result_file = Path(out) / "rank0.json"
-        found = json.loads(result_file.read_text()) if result_file.exists() else None
+    found, why = runner.lab_rank("ddp_cases.py", list(CASES.values()), hotfix,
+                                 sweep_models.release_pythonpath(release, "unsloth"), timeout)
     for (function, recipe), case in CASES.items():
-        result = (found or {}).get("cases", {}).get(case)
-        sink(row_of(release, function, recipe, hotfix, result,
-                    "" if found else f"exit {proc.returncode}: {last_line(proc)[:200]}"))
+        sink(row_of(release, function, recipe, hotfix, (found or {}).get("cases", {}).get(case), why))
 
 
 # -- the page ---------------------------------------------------------------------------------------
@@ -180,22 +160,8 @@ def _describe(row: Dict) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--releases", default="", help="comma list: only these transformers releases")
-    p.add_argument("--remeasure", action="store_true", help="run the chosen releases again even where rows exist "
-                                                           "(the newest row of a cell is the one kept)")
-    runner.add_store_arguments(p, STORE, DOC, 300.0, "seconds per release and half")
-    args = p.parse_args(argv)
-    only = set(filter(None, args.releases.split(",")))
-
-    def jobs(torch: str, rows: List[Dict], sink) -> List:
-        done = set() if args.remeasure else {(r["release"], r["hotfix"]) for r in rows
-                                             if r["torch"] == torch and r["verdict"] != "error"}
-        return [lambda r=release, h=hotfix: run_release(r, h, sink, args.timeout)
-                for release in releases.transformers_releases() for hotfix in (False, True)
-                if (not only or release in only) and (release, hotfix) not in done]
-
-    return runner.measure_and_render(args, "ddp", jobs, _describe, _key, _group, render)
+    return runner.per_release_main(argv, __doc__.splitlines()[0], "ddp", STORE, DOC,
+                                   releases.transformers_releases(), run_release, _describe, _key, _group, render)
 
 
 if __name__ == "__main__":

@@ -53,6 +53,28 @@ def install(name: str, version: str) -> Path:
     return folder
 
 
+def lab_rank(script: str, cases: List[str], hotfix: bool, paths: List[Path], timeout: float) -> tuple:
+    """tools/lab/``script`` in one process as gloo rank 0 of 1 (loopback), hotfix off or on: (its rank0.json's
+    content or None, why there is none)."""
+    import socket
+    import tempfile
+
+    from hotfix.diagnostics.children import child_env, last_line, run_python
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    extra = {"OMP_NUM_THREADS": "1", "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0",
+             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "GLOO_SOCKET_IFNAME": "lo"}
+    env = child_env(hotfix, keep_hotfix_settings=False, pythonpath=[*paths, REPO / "tools" / "lab"], extra=extra)
+    with tempfile.TemporaryDirectory() as out:
+        proc = run_python([str(REPO / "tools" / "lab" / script), out, *cases], env=env, cwd=Path("/tmp"),
+                          timeout=timeout)
+        result_file = Path(out) / "rank0.json"
+        found = json.loads(result_file.read_text()) if result_file.exists() else None
+    return found, "" if found else f"exit {proc.returncode}: {last_line(proc)[:200]}"
+
+
 def torch_release() -> str:
     """This interpreter's torch release, without its local part (2.14.1, not 2.14.1+cu130)."""
     import torch
@@ -118,3 +140,27 @@ def measure_and_render(args: argparse.Namespace, tool: str, jobs: Callable[[str,
     render(read_rows(results), Path(args.doc))
     print(f"{tool}: {args.doc}")
     return 0
+
+
+def per_release_main(argv, description: str, tool: str, store: Path, doc: Path, releases: List[str],
+                     run_release: Callable[[str, bool, "RowSink", float], None], describe: Callable[[Dict], str],
+                     key: Callable[[Dict], tuple], group: Callable[[Dict], str],
+                     render: Callable[[List[Dict], Path], None]) -> int:
+    """A side census measured one transformers release and half (hotfix off, on) per job (ddp.py, wrapper.py):
+    its command line (--releases, --remeasure and the store's options) and its cycle."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--releases", default="", help="comma list: only these transformers releases")
+    p.add_argument("--remeasure", action="store_true", help="run the chosen releases again even where rows exist "
+                                                           "(the newest row of a cell is the one kept)")
+    add_store_arguments(p, store, doc, 300.0, "seconds per release and half")
+    args = p.parse_args(argv)
+    only = set(filter(None, args.releases.split(",")))
+
+    def jobs(torch: str, rows: List[Dict], sink) -> List:
+        done = set() if args.remeasure else {(r["release"], r["hotfix"]) for r in rows
+                                             if r["torch"] == torch and r["verdict"] != "error"}
+        return [lambda r=release, h=hotfix: run_release(r, h, sink, args.timeout)
+                for release in releases for hotfix in (False, True)
+                if (not only or release in only) and (release, hotfix) not in done]
+
+    return measure_and_render(args, tool, jobs, describe, key, group, render)

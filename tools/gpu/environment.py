@@ -54,6 +54,9 @@ def main(argv=None):
     facts = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "python": platform.python_version()}
     if args.part:
         facts["part"] = args.part
+    # hotfix before torch: torch's first import starts an installed hotfix's start-up hook, which loads the copy
+    # installed beside it (in a dry run here, the test venv's, not the kit's private one this asks about)
+    facts.update(hotfix_facts())
     try:
         import torch
 
@@ -79,7 +82,6 @@ def main(argv=None):
             facts[name] = version(name)
         except Exception:
             facts[name] = None
-    facts.update(hotfix_facts())
     if args.site and os.path.isdir(args.site):
         facts["installed"] = {name: installed_in(os.path.join(args.site, name)) for name in sorted(os.listdir(args.site))
                               if os.path.isdir(os.path.join(args.site, name)) and not name.startswith("work")}

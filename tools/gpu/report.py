@@ -33,7 +33,8 @@ DDP_ERROR = "Expected to mark a variable ready only once"
 #: tools/lab/ddp_cases.py's cases that fail upstream with DDP_ERROR (docs/fixes/transformers-ddp-find-unused.md);
 #: trainer-lora only where the Trainer wrapped the model in DDP: accelerate does on the CPU with one process, on
 #: CUDA only with more than one (accelerate 1.15 MULTI_GPU), so on one GPU it is expected to train outside DDP
-DDP_UPSTREAM_FAILS = ("lora", "full", "lora+unused", "lora+no_sync", "trainer-lora")
+DDP_UPSTREAM_FAILS = ("lora", "full", "lora+unused", "lora+no_sync", "trainer-lora",
+                      "direct:blocks", "direct:remote", "direct:moe")  # direct: torch-ddp-find-unused
 #: upstream trains these: static_graph (DDP does not search); whisper-lora fails upstream first for another reason
 #: (no layer input needs grad: transformers-frozen-inputs' mechanism), which the hotfix run repairs as well
 DDP_UPSTREAM_OTHER = {"lora+static_graph": "ok, equal", "whisper-lora": "fails (not the DDP error)"}
@@ -107,21 +108,31 @@ def sanitizer_summary(path):
     return releases
 
 
-def ddp_summary(out):
-    """The 1-GPU DDP case: each case upstream and with hotfix against what docs/fixes/transformers-ddp-find-unused.md
-    measured on CPU, and the verdict; None when the case did not run."""
-    runs = {run: _load(os.path.join(out, "ddp", run, "rank0.json"), None) for run in ("upstream", "hotfix")}
+def _rank_runs(out, folder):
+    """A torchrun case's two launches (``folder``/{upstream,hotfix}/rank0.json): (runs, problems, case names in
+    order), runs None where neither ran."""
+    runs = {run: _load(os.path.join(out, folder, run, "rank0.json"), None) for run in ("upstream", "hotfix")}
     if not any(runs.values()):
-        return None
-    problems, notes, rows = [], [], []
+        return None, [], []
+    problems = []
     for run, want in (("upstream", False), ("hotfix", True)):
         if runs[run] is None:
-            problems.append(f"{run}: no result (ddp/{run}/rank0.json missing: see extras-log.txt)")
+            problems.append(f"{run}: no result ({folder}/{run}/rank0.json missing: see extras-log.txt)")
         elif runs[run].get("hotfix_loaded") is not want:
             problems.append(f"{run}: hotfix_loaded {runs[run].get('hotfix_loaded')}, expected {want}")
     names = []
     for data in runs.values():
         names += [name for name in (data or {}).get("cases", {}) if name not in names]
+    return runs, problems, names
+
+
+def ddp_summary(out):
+    """The 1-GPU DDP case: each case upstream and with hotfix against what docs/fixes/transformers-ddp-find-unused.md
+    measured on CPU, and the verdict; None when the case did not run."""
+    runs, problems, names = _rank_runs(out, "ddp")
+    if runs is None:
+        return None
+    notes, rows = [], []
     for name in names:
         up, fixed = ((runs[run] or {}).get("cases", {}).get(name) for run in ("upstream", "hotfix"))
         rows.append({"case": name, "upstream": up, "hotfix": fixed})
@@ -141,6 +152,25 @@ def ddp_summary(out):
         if fixed is not None and not (fixed.get("ok") and fixed.get("equal")):
             problems.append(f"hotfix {name}: {_case_text(fixed)}, expected ok and every gradient equal")
     return {"rows": rows, "problems": problems, "notes": notes,
+            "device": next((r.get("device") for r in runs.values() if r), None),
+            "versions": next(({k: r.get(k) for k in ("torch", "transformers")} for r in runs.values() if r), {})}
+
+
+def wrapper_summary(out):
+    """The 1-GPU FSDP / FSDP2 checkpoint_wrapper cases (tools/lab/wrapper_cases.py): upstream wrong or failing, with
+    hotfix every gradient equal (docs/fixes/torch-checkpoint-wrapper.md); None when the case did not run."""
+    runs, problems, names = _rank_runs(out, "wrapper")
+    if runs is None:
+        return None
+    rows = []
+    for name in names:
+        up, fixed = ((runs[run] or {}).get("cases", {}).get(name) for run in ("upstream", "hotfix"))
+        rows.append({"case": name, "upstream": up, "hotfix": fixed})
+        if up is not None and up.get("ok") and up.get("equal"):
+            problems.append(f"upstream {name}: equal, expected wrong gradients or an error (the Cache written twice)")
+        if fixed is not None and not (fixed.get("ok") and fixed.get("equal")):
+            problems.append(f"hotfix {name}: {_case_text(fixed)}, expected ok and every gradient equal")
+    return {"rows": rows, "problems": problems, "notes": [],
             "device": next((r.get("device") for r in runs.values() if r), None),
             "versions": next(({k: r.get(k) for k in ("torch", "transformers")} for r in runs.values() if r), {})}
 
@@ -248,7 +278,7 @@ def _label(run):
 
 
 def markdown(env, tests, bench, found, sanitizer=None, soak=None, compiled=None, fit=None, ddp=None, routing=None,
-             unsloth=None):
+             unsloth=None, wrapper=None):
     lines = ["# GPU kit results", ""]
     lines += [f"- {k}: {v}" for k, v in env.items() if k != "installed"]
     for folder, versions in env.get("installed", {}).items():
@@ -313,6 +343,8 @@ def markdown(env, tests, bench, found, sanitizer=None, soak=None, compiled=None,
                          f"{c.get('graphs', '–')} / {c.get('breaks', '–')} / {c.get('recompiles', '–')} |")
     if ddp is not None:
         lines += _ddp_markdown(ddp)
+    if wrapper is not None:
+        lines += _wrapper_markdown(wrapper)
     if routing is not None:
         lines += _routing_markdown(routing)
     if unsloth is not None:
@@ -340,6 +372,16 @@ def _ddp_markdown(ddp):
                                           else "–")
         lines.append(f"| {row['case']} | {_case_text(row['upstream'])} | {_case_text(row['hotfix'])} | {expected} |")
     return lines + _verdict_lines(ddp["problems"], ddp["notes"])
+
+
+def _wrapper_markdown(wrapper):
+    lines = ["", "## FSDP / FSDP2 activation checkpointing (torch's checkpoint_wrapper), one GPU "
+             "(tools/lab/wrapper_cases.py)", "",
+             f"device {wrapper['device']}, " + ", ".join(f"{k} {v}" for k, v in wrapper["versions"].items()), "",
+             "| case | upstream | hotfix |", "|---|---|---|"]
+    for row in wrapper["rows"]:
+        lines.append(f"| {row['case']} | {_case_text(row['upstream'])} | {_case_text(row['hotfix'])} |")
+    return lines + _verdict_lines(wrapper["problems"], wrapper["notes"])
 
 
 def _routing_markdown(routing):
@@ -399,13 +441,14 @@ def main(argv=None):
     compiled = _lines(os.path.join(out, "compile.jsonl"))
     fit = _load(os.path.join(out, "fit.json"), {})
     ddp = ddp_summary(out)
+    wrapper = wrapper_summary(out)
     routing = nonreentrant_summary(os.path.join(out, "nonreentrant.jsonl"))
     unsloth = unsloth_summary(out)
     with open(os.path.join(out, "results.json"), "w") as handle:
         json.dump({"environment": env, "tests": tests, "bench": bench, "targets": found, "sanitizer": sanitizer,
                    "soak": soak, "compile": compiled, "fit": fit, "ddp": ddp, "nonreentrant": routing,
-                   "unsloth": unsloth}, handle, indent=1)
-    text = markdown(env, tests, bench, found, sanitizer, soak, compiled, fit, ddp, routing, unsloth)
+                   "unsloth": unsloth, "wrapper": wrapper}, handle, indent=1)
+    text = markdown(env, tests, bench, found, sanitizer, soak, compiled, fit, ddp, routing, unsloth, wrapper)
     with open(os.path.join(out, "report.md"), "w") as handle:
         handle.write(text)
     print(text)

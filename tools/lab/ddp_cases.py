@@ -163,6 +163,130 @@ def plain_case(name, rank, world):
     return dict(ok=True, trainable=len(reference), **report(reference, candidate))
 
 
+# --- torch's checkpoint called directly (torch-ddp-find-unused), and a mixture of experts (DDP's advice)
+
+class Blocks(torch.nn.Module):
+    """A plain module whose blocks call torch's reentrant checkpoint themselves, with a parameter never used (why
+    find_unused_parameters=True is set)."""
+
+    def __init__(self, checkpointing):
+        super().__init__()
+        torch.manual_seed(0)
+        self.stem = torch.nn.Linear(8, 8)  # the blocks' input needs grad, as after an embedding
+        self.blocks = torch.nn.ModuleList(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh())
+                                          for _ in range(3))
+        self.head = torch.nn.Linear(8, 1)
+        self.never_used = torch.nn.Linear(8, 8)
+        self.checkpointing = checkpointing
+
+    def forward(self, x):
+        from torch.utils.checkpoint import checkpoint
+
+        x = self.stem(x)
+        for block in self.blocks:
+            x = checkpoint(block, x, use_reentrant=True) if self.checkpointing else block(x)
+        return self.head(x).square().mean()
+
+
+def remote_code_model(checkpointing):
+    """A PreTrainedModel as Hub modeling files write it (trust_remote_code): ``gradient_checkpointing_enable()``,
+    then its own forward calls the ``checkpoint`` its module imported at the top (a name bound at import time)."""
+    import remote_code_model as remote  # tools/lab: its module imports checkpoint at module level
+
+    torch.manual_seed(0)
+    model = remote.TinyRemoteModel(remote.TinyRemoteConfig()).train()
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
+    return model
+
+
+def tiny_mixtral(checkpointing):
+    """A 2-layer Mixtral, 8 experts, top-1: with 3 tokens per rank most experts get none in a step
+    (find_unused_parameters needed)."""
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    torch.manual_seed(0)
+    config = MixtralConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                           num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=32,
+                           num_local_experts=8, num_experts_per_tok=1)
+    model = MixtralForCausalLM(config).train()
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
+    return model
+
+
+def direct_step(model, batches, find_unused=True, join=False, no_sync=False, static_graph=False):
+    """Gradients after DDP steps over ``batches`` (this rank's), ``join``-ed for uneven inputs across ranks;
+    ``no_sync``: each batch as two micro-batches, the first under ``ddp.no_sync()``."""
+    import contextlib
+
+    device_ids = [DEVICE.index] if DEVICE.type == "cuda" else None
+    ddp = torch.nn.parallel.DistributedDataParallel(model.to(DEVICE), device_ids=device_ids,
+                                                    find_unused_parameters=find_unused, static_graph=static_graph)
+
+    def backward(mine):
+        out = ddp(**mine) if isinstance(mine, dict) else ddp(mine)
+        (out.loss if hasattr(out, "loss") else out).backward()
+
+    with ddp.join() if join else contextlib.nullcontext():
+        for mine in batches:
+            if no_sync:
+                halves = ([{k: v.chunk(2)[i] for k, v in mine.items()} for i in range(2)] if isinstance(mine, dict)
+                          else list(mine.chunk(2)))
+                with ddp.no_sync():
+                    backward(halves[0])
+                backward(halves[1])
+            else:
+                backward(mine)
+    return grads(model)
+
+
+def direct_batches(recipe, rank, world, uneven):
+    """This rank's batches: one share of one batch, or (``uneven``) rank+1 batches of its own."""
+    count = rank + 1 if uneven else 1
+    g = torch.Generator().manual_seed(100 + rank if uneven else 0)
+    found = []
+    for _ in range(count):
+        if recipe == "blocks":
+            x = torch.randn(4 * (1 if uneven else world), 8, generator=g)
+            found.append((x if uneven else x.chunk(world)[rank]).to(DEVICE))
+        else:
+            rows, length = (world, 3) if recipe == "moe" else (BATCH, LENGTH)
+            ids = torch.randint(0, 64, (rows if not uneven else 2, length), generator=g)
+            if not uneven:
+                ids = ids.chunk(world)[rank]
+            found.append({"input_ids": ids.to(DEVICE), "labels": ids.clone().to(DEVICE)})
+    return found
+
+
+def direct_case(name, rank, world):
+    """``direct:{blocks,remote,moe}[+join][+no_sync][+static_graph]``: DDP(find_unused_parameters=True) with and
+    without checkpointing, every trainable gradient compared (and which got none, in both)."""
+    variant = name.split(":")[-1].split("+")
+    recipe, options = variant[0], set(variant[1:])
+    build = {"blocks": Blocks, "remote": remote_code_model, "moe": tiny_mixtral}[recipe]
+    batches = direct_batches(recipe, rank, world, "join" in options)
+    ddp_options = dict(join="join" in options, no_sync="no_sync" in options, static_graph="static_graph" in options)
+    reference = direct_step(build(False), batches, **ddp_options)
+    candidate = direct_step(build(True), batches, **ddp_options)
+    result = dict(ok=True, trainable=len(reference), **report(reference, candidate))
+    result["reference_without_gradient"] = sorted(n for n, g in reference.items() if g is None)
+    return result
+
+
+def advice_case(name, rank, world):
+    """DDP's advice to turn find_unused_parameters off (printed by torch once per process, to stderr):
+    ``probe:{moe,lora}[+checkpointing]``: two steps with find_unused_parameters=True (run each in a process of its
+    own, and read the process's stderr); ``advice:{moe,lora}``: the advice followed (find_unused_parameters=False)
+    with reentrant checkpointing, two steps."""
+    kind, variant = name.split(":")
+    recipe, checkpointing = variant.split("+")[0], variant.endswith("+checkpointing") or kind == "advice"
+    model = tiny_mixtral(checkpointing) if recipe == "moe" else build("lora", False, checkpointing)
+    batches = direct_batches("moe", rank, world, False) * 2
+    direct_step(model, batches, find_unused=kind == "probe")
+    return {"ok": True}
+
+
 def trainer_case(rank, world):
     import tempfile
 
@@ -271,6 +395,10 @@ def main():
                 out["cases"][case] = trainer_case(rank, world)
             elif case == "sft-lora":
                 out["cases"][case] = sft_case(rank, world)
+            elif case.startswith("direct:"):
+                out["cases"][case] = direct_case(case, rank, world)
+            elif case.startswith(("advice:", "probe:")):
+                out["cases"][case] = advice_case(case, rank, world)
             else:
                 out["cases"][case] = plain_case(case, rank, world)
         except Exception as exc:

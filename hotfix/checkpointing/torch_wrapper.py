@@ -1,0 +1,113 @@
+"""A transformers layer checkpointed by torch's ``checkpoint_wrapper``, handed to transformers' own checkpointing.
+
+FSDP / FSDP2 recipes (accelerate's ``fsdp_activation_checkpointing``, Lightning's FSDP strategy, torchtitan's
+``apply_activation_checkpointing``) wrap each layer in torch's ``CheckpointWrapper``, whose forward calls
+``checkpoint_fn(layer, *args, **kwargs)``.  transformers then does not know that the layer is checkpointed: it
+hands the layer its Cache, and the recomputation writes the Cache a second time (reentrant: gradients silently
+wrong; non-reentrant: "Recomputed values ... have different metadata").  Under its own checkpointing a
+``GradientCheckpointingLayer`` in training gets no Cache (each release's own rule: ``use_cache=False``,
+``past_key_values=None``; the model still builds its Cache, which stays empty: nothing reads it in a training
+step).  :func:`checkpointed_by_transformers` runs the layer that way for one call, with the wrapper's own
+checkpoint function, so that every fix on transformers' checkpoint function acts on it as on any other layer.
+
+Where the wrapper packs keyword arguments into positional inputs (``CheckpointImpl.REENTRANT``), a tensor
+passed by keyword is a checkpoint input upstream too: the function handed over is a :class:`PackedKeywords`,
+which the keyword-tensor fix reads so that it never claims a repair the wrapper had made itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import sys
+from typing import Any, Iterator, List, Tuple
+
+from hotfix import relations
+from hotfix.checkpointing.slot import ATTRIBUTE
+
+__all__ = ["CLASS_NAME", "PackedKeywords", "checkpointed_by_transformers", "hands_a_cache", "missing", "packed_upstream",
+           "routed_fixes",
+           "transformers_layer", "without_cache"]
+
+#: torch's module and class (``torch.distributed.algorithms._checkpoint.checkpoint_wrapper.CheckpointWrapper``)
+CLASS_NAME = "CheckpointWrapper"
+#: the keyword names under which transformers' layers receive a Cache (it drops them under its checkpointing)
+CACHE_KEYWORDS = ("past_key_value", "past_key_values", "layer_past")
+#: what says whether a layer is checkpointed (transformers' ``GradientCheckpointingLayer``)
+FLAG = "gradient_checkpointing"
+
+
+class PackedKeywords(functools.partial):
+    """The wrapper's checkpoint function where the wrapper itself makes keyword tensors checkpoint inputs."""
+
+
+def packed_upstream(checkpoint: Any, call: Any) -> frozenset:
+    """The ids of the tensors ``call`` (the layer's partial) binds by keyword that the wrapper would itself have
+    passed as checkpoint inputs: those of a call through a :class:`PackedKeywords`, else none."""
+    if not isinstance(checkpoint, PackedKeywords):
+        return frozenset()
+    from hotfix.checkpointing.inputs import layer_call  # imports torch: only for a call from the wrapper
+    from hotfix.checkpointing.structure import is_tensor
+
+    call = layer_call(call)
+    keywords = call.keywords if isinstance(call, functools.partial) else {}
+    return frozenset(id(value) for value in keywords.values() if is_tensor(value))
+
+
+def transformers_layer(module: Any) -> bool:
+    """Is ``module`` a transformers ``GradientCheckpointingLayer`` (4.52+)?  Read from the imported module only."""
+    layers = sys.modules.get("transformers.modeling_layers")
+    layer_class = getattr(layers, "GradientCheckpointingLayer", None)
+    return isinstance(layer_class, type) and isinstance(module, layer_class)
+
+
+def hands_a_cache(layer: Any, kwargs: dict) -> bool:
+    """Does this call hand ``layer`` a Cache that its recomputation would write again?
+
+    5.x layers that only read the Cache say so (``_can_checkpoint_with_cache``): transformers keeps it for them.
+    """
+    if getattr(layer, "_can_checkpoint_with_cache", False):
+        return False
+    return any(kwargs.get(name) is not None for name in CACHE_KEYWORDS)
+
+
+def without_cache(kwargs: dict) -> dict:
+    """``kwargs`` with no Cache and ``use_cache`` off, as transformers' checkpointing hands a layer in training (4.53+
+    does it in the layer; 4.52's layer leaves it to the model's forward, which does not know of the wrapper)."""
+    kept = {name: (None if name in CACHE_KEYWORDS else value) for name, value in kwargs.items()}
+    if kept.get("use_cache"):
+        kept["use_cache"] = False
+    return kept
+
+
+@contextlib.contextmanager
+def checkpointed_by_transformers(layer: Any, function: Any) -> Iterator[None]:
+    """For the calls inside, ``layer`` is checkpointed by transformers with ``function``; as it was afterwards.
+
+    The recomputation runs what the layer handed ``function`` (its partial): it reads neither attribute again,
+    so restoring them once the call returns is safe for a backward that comes later.
+    """
+    state = layer.__dict__
+    had_flag, flag = FLAG in state, state.get(FLAG)
+    state[FLAG] = True
+    setattr(layer, ATTRIBUTE, function)  # through a slot where one stands on its class: it records the function
+    try:
+        yield
+    finally:
+        delattr(layer, ATTRIBUTE)
+        if had_flag:
+            state[FLAG] = flag
+        else:
+            del state[FLAG]
+
+
+def missing(fix: Any) -> List[str]:
+    """The fixes ``fix`` relies on for every call it routes (``relations.ALWAYS``) that are not applied here: without
+    them it leaves the wrapper's call as upstream makes it."""
+    return [other.name for other in fix.relied_on(relations.ALWAYS) if not other.applied]
+
+
+def routed_fixes(fix: Any) -> Tuple[Any, ...]:
+    """The applied fixes on transformers' checkpoint function that act on a call ``fix`` routes to it
+    (``relations.ALWAYS`` and ``relations.ROUTED``): their slots go on the layer's class."""
+    return tuple(other for other in fix.relied_on(relations.ALWAYS) + fix.relied_on(relations.ROUTED) if other.applied)

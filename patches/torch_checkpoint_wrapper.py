@@ -1,0 +1,97 @@
+"""torch's ``checkpoint_wrapper`` around transformers layers (FSDP/FSDP2 activation checkpointing: accelerate, Lightning).
+
+What breaks: ``apply_activation_checkpointing`` wraps each layer in ``CheckpointWrapper``; transformers does not
+know the layer is checkpointed and hands it the Cache (``use_cache`` defaults to True), which the recomputation
+writes again: ``CheckpointImpl.REENTRANT`` gives silently wrong gradients (tiny Llama 8 of 21 equal), ``NO_REENTRANT``
+a CheckpointError ("Recomputed values ... have different metadata"); a layer with no input needing grad (LoRA,
+Whisper's encoder) fails under REENTRANT ("element 0 of tensors does not require grad").
+
+How this fixes it: ``CheckpointWrapper.forward`` is wrapped; for a transformers ``GradientCheckpointingLayer`` in
+training (grad on, not checkpointed by transformers already, not compiling) the call goes through the layer's own
+checkpointing with the wrapper's checkpoint function (``checkpointing.torch_wrapper``): no Cache for the layer, as
+under transformers' function, whose fixes then act on it.  ``use_cache`` stays as set; the model's Cache is built
+and stays empty.  docs/fixes/torch-checkpoint-wrapper.md.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+from hotfix import Mechanism, Patch
+from hotfix.checkpointing.code import code_objects
+from hotfix.checkpointing.torch_wrapper import CLASS_NAME
+
+#: torch's module holding ``CheckpointWrapper`` (imported by accelerate's FSDP plugin, Lightning, the user)
+CHECKPOINT_WRAPPER = "torch.distributed.algorithms._checkpoint.checkpoint_wrapper"
+
+
+def forward_through_transformers(fix: "TorchCheckpointWrapper") -> Callable:
+    """The wrapt wrapper of ``CheckpointWrapper.forward`` (built at the first apply: torch is imported then)."""
+    import functools
+
+    import torch
+
+    from hotfix.checkpointing.torch_wrapper import (PackedKeywords, checkpointed_by_transformers, hands_a_cache,
+                                                    missing, routed_fixes, transformers_layer, without_cache)
+
+    is_grad_enabled, is_compiling = torch.is_grad_enabled, torch.compiler.is_compiling
+
+    def checkpoint_as_transformers_does(wrapped, instance, args, kwargs):  # named: a wrapper chain reads which is where
+        layer = getattr(instance, "_checkpoint_wrapped_module", None)
+        if (layer is None or not transformers_layer(layer) or not layer.training or not is_grad_enabled()
+                or getattr(layer, "gradient_checkpointing", False) or is_compiling() or missing(fix)):
+            return wrapped(*args, **kwargs)
+        function = instance.checkpoint_fn
+        if isinstance(function, functools.partial) and getattr(instance, "checkpoint_impl", None) is not None \
+                and instance.checkpoint_impl.name == "REENTRANT":
+            function = PackedKeywords(function.func, *function.args, **function.keywords)
+        if hands_a_cache(layer, kwargs):
+            fix.repaired("a layer checkpointed by torch's checkpoint_wrapper gets no Cache in training, as under "
+                         "transformers' own checkpointing (its recomputation wrote the Cache a second time)")
+            kwargs = without_cache(kwargs)
+        with checkpointed_by_transformers(layer, function):
+            for slot_fix in routed_fixes(fix):
+                slot_fix.coverage.cover(layer)
+            return layer(*args, **kwargs)
+
+    return checkpoint_as_transformers_does
+
+
+class TorchCheckpointWrapper(Patch):
+    name = "torch-checkpoint-wrapper"
+    targets = (CHECKPOINT_WRAPPER,)
+    # GradientCheckpointingLayer (4.52.0; every layer from 4.53.0) is what this fix hands the call to: before it,
+    # each model's forward decides about its Cache itself, out of this fix's reach.
+    mechanisms = (
+        Mechanism("wrapper-cache", {"transformers": ">=4.52.0"}, unreached={"transformers": "<4.52.0"},
+                  summary="a transformers layer under torch's checkpoint_wrapper (FSDP/FSDP2 activation "
+                          "checkpointing) writes the Cache again when recomputed; its frozen and keyword inputs "
+                          "are repaired as under transformers' own function"),
+    )
+    symptom = ("Silently wrong gradients, or torch.utils.checkpoint.CheckpointError: Recomputed values for the "
+               "following tensors have different metadata - FSDP activation checkpointing (checkpoint_wrapper) "
+               "of transformers layers with use_cache left on")
+    upstream = ("huggingface/transformers#34928, #28499, #32073; Lightning-AI/pytorch-lightning#19267; "
+                "hiyouga/LlamaFactory#9064")
+    fixed_in = None  # transformers 5.23.0 and torch 2.13.0 still have it
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._wrapper: Optional[Callable] = None
+
+    def drift(self, module: Any) -> Optional[str]:
+        wrapper = getattr(module, CLASS_NAME, None)
+        if not isinstance(wrapper, type) or "forward" not in wrapper.__dict__:
+            return f"{CLASS_NAME}.forward is missing"
+        names = {name for code in code_objects(wrapper.__dict__["forward"]) for name in code.co_names}
+        if not {"checkpoint_fn", "_checkpoint_wrapped_module"} <= names:
+            return f"{CLASS_NAME}.forward no longer calls self.checkpoint_fn on self._checkpoint_wrapped_module"
+        return None
+
+    def _apply(self, module: Any) -> None:
+        if self._wrapper is None:
+            self._wrapper = forward_through_transformers(self)
+        self.wrap(getattr(module, CLASS_NAME), "forward", self._wrapper)
+
+
+patch = TorchCheckpointWrapper()

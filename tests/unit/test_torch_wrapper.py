@@ -1,0 +1,90 @@
+"""hotfix/checkpointing/torch_wrapper.py: a layer under torch's checkpoint_wrapper handed to transformers' checkpointing.
+
+In-process, transformers 4.56.2: the Cache rule (a Cache handed to a layer is what its recomputation writes again; a
+5.x layer that only reads it says so), the layer's state during and after the call (restored, also when the call
+raises), the keyword tensors the wrapper itself makes checkpoint inputs, and the fix's wrapper on a real
+``CheckpointWrapper`` (the Cache dropped, ``use_cache`` left as the caller set it, an eval-mode call unchanged).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
+from torch.utils.checkpoint import checkpoint
+from transformers.modeling_layers import GradientCheckpointingLayer
+
+from hotfix.checkpointing.slot import ATTRIBUTE
+from hotfix.checkpointing.torch_wrapper import (PackedKeywords, checkpointed_by_transformers, hands_a_cache,
+                                                packed_upstream, transformers_layer, without_cache)
+
+
+class Layer(GradientCheckpointingLayer):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+        self.seen = []
+
+    def forward(self, hidden, past_key_values=None, use_cache=False, scale=None):
+        self.seen.append((past_key_values, use_cache, self.gradient_checkpointing))
+        out = self.linear(hidden)
+        return out * scale if scale is not None else out
+
+
+def test_a_cache_handed_to_a_layer_is_what_the_recomputation_would_write_again():
+    layer, cache = Layer(), object()
+    assert transformers_layer(layer) and not transformers_layer(torch.nn.Linear(1, 1))
+    assert hands_a_cache(layer, {"past_key_values": cache})
+    assert hands_a_cache(layer, {"past_key_value": cache}) and hands_a_cache(layer, {"layer_past": cache})
+    assert not hands_a_cache(layer, {"use_cache": True, "past_key_values": None})
+    layer._can_checkpoint_with_cache = True  # 5.x: a layer that only reads the Cache keeps it
+    assert not hands_a_cache(layer, {"past_key_values": cache})
+    assert without_cache({"past_key_values": cache, "use_cache": True, "scale": 2}) == {
+        "past_key_values": None, "use_cache": False, "scale": 2}
+    assert without_cache({"hidden": 1}) == {"hidden": 1}  # nothing added where the caller passed nothing
+
+
+@pytest.mark.parametrize("raises", [False, True])
+def test_the_layer_is_checkpointed_by_transformers_only_inside(raises):
+    layer = Layer()
+    function = functools.partial(checkpoint, use_reentrant=True)
+    try:
+        with checkpointed_by_transformers(layer, function):
+            assert layer.gradient_checkpointing is True and layer.__dict__[ATTRIBUTE] is function
+            if raises:
+                raise KeyError("inside")
+    except KeyError:
+        assert raises
+    assert "gradient_checkpointing" not in layer.__dict__ and ATTRIBUTE not in layer.__dict__
+    assert layer.gradient_checkpointing is False  # the class's value again
+
+
+def test_keyword_tensors_the_wrapper_packs_itself_are_named():
+    context = torch.ones(2, 4, requires_grad=True) * 2
+    call = functools.partial(Layer().__call__, encoder_hidden_states=context, scale=3)
+    packed = PackedKeywords(checkpoint, use_reentrant=True)
+    assert packed_upstream(packed, call) == frozenset({id(context)})
+    assert packed_upstream(functools.partial(checkpoint, use_reentrant=True), call) == frozenset()
+
+
+@pytest.mark.parametrize("impl", [CheckpointImpl.REENTRANT, CheckpointImpl.NO_REENTRANT])
+def test_the_fix_hands_no_cache_to_the_wrapped_layer_in_training_only(impl):
+    """With the fix applied (this process's hotfix): in training the layer runs under transformers' checkpointing
+    without the Cache, ``use_cache`` as the caller passed it dropped to False for the layer only; in eval mode the
+    wrapper's own call, Cache and all."""
+    layer = Layer()
+    wrapped = checkpoint_wrapper(layer, checkpoint_impl=impl)
+    cache, hidden = object(), torch.ones(2, 4, requires_grad=True)
+    kwargs = {"past_key_values": cache, "use_cache": True}
+    wrapped(hidden, **kwargs).sum().backward()
+    assert kwargs == {"past_key_values": cache, "use_cache": True}  # the caller's dict untouched
+    assert layer.seen[0] == (None, False, True), layer.seen  # the forward: no Cache, transformers' checkpointing
+    assert all(seen[0] is None for seen in layer.seen)  # the recomputation too
+    assert "gradient_checkpointing" not in layer.__dict__ and ATTRIBUTE not in layer.__dict__
+    layer.seen.clear()
+    wrapped.eval()
+    with torch.no_grad():
+        wrapped(hidden, **kwargs)
+    assert layer.seen == [(cache, True, False)]
