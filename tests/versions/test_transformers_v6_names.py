@@ -1,7 +1,9 @@
-"""transformers 5.24.0 and v6: the ``activation_checkpointing*`` names first-class, the old names gone (issue 41, part 4).
+"""transformers v6: the ``activation_checkpointing*`` names first-class, the old names gone (issue 41, part 4).
 
 5.24 deprecates ``gradient_checkpointing_enable`` / ``_disable`` and ``is_gradient_checkpointing`` for removal in
-v6.  Each child imports transformers 5.24.0 (start-up hook: hotfix active) and, for ``v6``, simulates v6:
+v6; 5.23.0, the matrix's newest, has the same code (the new names, the old ones deferring "until v6"), read
+2026-11-28 side by side.  Each child imports transformers 5.23.0 (start-up hook: hotfix active) and, for ``v6``,
+simulates v6:
 ``hotfix.revert()``, the three old names deleted from ``PreTrainedModel`` (and its check for an override of them,
 through which 5.24's new names still defer to the old ones "until v6", answering none), ``hotfix.activate()``.  Then:
 
@@ -20,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from conftest import json_lines, matrix_path, run_python
 
-VERSION = "5.24.0"
+VERSION = "5.23.0"  # the matrix's newest: the same API as 5.24.0 (its new names defer to the old "until v6")
 OLD_NAMES = ("gradient_checkpointing_enable", "gradient_checkpointing_disable", "is_gradient_checkpointing")
 SLOT_FIXES = ("transformers-checkpoint-layer-io", "transformers-frozen-inputs", "transformers-ddp-find-unused")
 CHILD = r"""
@@ -32,7 +34,7 @@ import grad_case, tiny_models
 from hotfix.status import fix_statuses
 
 variant, removed = sys.argv[1], sys.argv[2].split(",")
-if variant != "5.24":
+if variant != "as-released":
     hotfix.revert()
     for name in removed + (["_set_gradient_checkpointing"] if variant == "v6-setter" else []):
         delattr(modeling_utils.PreTrainedModel, name)
@@ -71,10 +73,10 @@ def _run(variant, disabled=False):
 
 def test_v6_names_every_fix_applies_status_and_check_tell_the_truth():
     with ThreadPoolExecutor(2) as pool:
-        upstream, v6, today, setter = pool.map(lambda args: _run(*args), [("v6", True), ("v6",), ("5.24",),
+        upstream, v6, today, setter = pool.map(lambda args: _run(*args), [("v6", True), ("v6",), ("as-released",),
                                                                          ("v6-setter",)])
     assert v6["status"]["transformers"] == VERSION and v6["status"]["old_names"] == []
-    assert today["status"]["old_names"] == list(OLD_NAMES)  # 5.24 still has them (deprecated)
+    assert today["status"]["old_names"] == list(OLD_NAMES)  # 5.23 / 5.24 still have them (deprecated)
     for results in (v6, today):
         for fix in SLOT_FIXES + ("transformers-input-grads-leaf",):
             assert results["status"]["statuses"][fix].startswith("APPLIED to transformers.modeling_utils"), \
@@ -84,7 +86,7 @@ def test_v6_names_every_fix_applies_status_and_check_tell_the_truth():
         assert upstream[case]["status"] == "crash", upstream[case]
         assert v6[case]["status"] == "equal", v6[case]
         assert today[case]["status"] == "equal", today[case]
-        # check-model's own mode uses the first-class name: no deprecation warning from it on 5.24
+        # check-model's own mode uses the first-class name: no deprecation warning from it
         assert not any("gradient_checkpointing_enable" in w for w in today[case]["deprecated"]), today[case]
     # the private setter hotfix reads gone as well: the fixes on it are skipped and say what moved
     for fix in SLOT_FIXES:
