@@ -16,7 +16,7 @@ It puts one finder at the front of ``sys.meta_path``.  Python calls a finder's
 ``find_spec`` while holding its global import lock; importing anything there
 deadlocks against a thread that holds a module lock (``re``, ``logging``...)
 and waits for that global lock.  So for the first import of a trigger
-(torch, transformers, unsloth, unsloth_zoo) ``find_spec`` imports nothing: it asks the
+(transformers, unsloth, unsloth_zoo) ``find_spec`` imports nothing: it asks the
 finders behind it for the trigger's spec and hands that spec back with its
 loader wrapped.  The wrapper's ``exec_module`` runs outside the global lock,
 under the trigger's own module lock, exactly where the trigger's own code is
@@ -69,13 +69,11 @@ import _thread
 # Top-level names whose first import activates hotfix.  Plugin patches whose
 # targets are imported earlier are still applied: wrapt runs a hook at once
 # for a module already loaded.
-# torch is one (issue 41): torch-ddp-find-unused repairs torch's own checkpoint in scripts that never import
-# transformers; activation imports no torch, and runs before torch's code does.
-TRIGGERS = frozenset({"torch", "transformers", "unsloth", "unsloth_zoo"})
+TRIGGERS = frozenset({"transformers", "unsloth", "unsloth_zoo"})
 
 
 def triggers_text():
-    """The trigger names as a sentence's end: "torch, transformers, unsloth or unsloth_zoo"."""
+    """The trigger names as a sentence's end: "transformers, unsloth or unsloth_zoo"."""
     names = sorted(TRIGGERS)
     return ", ".join(names[:-1]) + " or " + names[-1]
 

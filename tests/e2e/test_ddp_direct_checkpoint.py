@@ -153,7 +153,8 @@ PLAIN_TORCH = r"""
 import json, os, socket, sys
 import torch, torch.distributed as dist
 from torch.utils.checkpoint import checkpoint
-loaded = "hotfix" in sys.modules  # the start-up hook, triggered by torch: this script never imports transformers
+import hotfix  # a script that never imports transformers: the start-up hook waits for it, so the script names hotfix
+loaded = hotfix.registry.active
 with socket.socket() as s:
     s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
 dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
@@ -178,8 +179,8 @@ dist.destroy_process_group()
 
 
 def test_a_script_that_imports_only_torch_is_repaired():
-    """torch is a start-up trigger: a plain-torch script (no transformers, no ``import hotfix``) gets the repair;
-    upstream (HOTFIX_DISABLE=1) fails with DDP's error."""
+    """A plain-torch script (no transformers) with ``import hotfix`` gets the repair, torch imported before hotfix;
+    upstream (HOTFIX_DISABLE=1: the import is inert) fails with DDP's error."""
     results = {}
     for disabled in (True, False):
         proc = run_python(["-c", PLAIN_TORCH], env=dict(ENV, **({"HOTFIX_DISABLE": "1"} if disabled else {})),

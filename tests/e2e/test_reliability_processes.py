@@ -45,11 +45,11 @@ SPAWN_PROBE = """
 
 
 def test_spawned_processes_and_dataloader_workers_are_patched(tmp_path):
-    """A process started by multiprocessing's ``spawn`` method (a fresh interpreter, so only the .pth can patch it)
-    starts with only the inert boot module of hotfix loaded (nothing imported, nothing to pay at start-up; bench/
-    measures the interpreter start), and is patched as soon as it imports transformers.  2 DataLoader workers
-    (spawn too) import torch before the dataset's code runs: torch is a start-up trigger (torch-ddp-find-unused),
-    so hotfix is active in them from there, and they are patched."""
+    """2 DataLoader workers started by multiprocessing's ``spawn`` method
+    (fresh interpreters, so only the .pth can patch them) start with only the
+    inert boot module of hotfix loaded (nothing imported, nothing to pay at
+    start-up; bench/ measures the interpreter start), and are patched as soon
+    as they import transformers."""
     (tmp_path / "spawn_probe.py").write_text(textwrap.dedent(SPAWN_PROBE))
     proc = run_python(
         ["-c", textwrap.dedent(
@@ -61,10 +61,7 @@ def test_spawned_processes_and_dataloader_workers_are_patched(tmp_path):
             loader = torch.utils.data.DataLoader(spawn_probe.ProbeDataset(), batch_size=None, num_workers=2,
                                                  multiprocessing_context="spawn")
             workers = list(loader)
-            import multiprocessing
-            with multiprocessing.get_context("spawn").Pool(1) as pool:
-                plain = pool.map(spawn_probe.probe, [0])
-            print(json.dumps({"parent": os.getpid(), "workers": workers, "plain": plain}))
+            print(json.dumps({"parent": os.getpid(), "workers": workers}))
             """
         )],
         pythonpath=[tmp_path], timeout=240,
@@ -73,12 +70,9 @@ def test_spawned_processes_and_dataloader_workers_are_patched(tmp_path):
     seen = json_lines(proc.stdout)[0]
     processes = seen["workers"]
     assert len({p["pid"] for p in processes} | {seen["parent"]}) == 3
-    for p in processes:  # the worker imported torch (a trigger) before the dataset's code ran
-        assert "_hotfix_boot" in p["before"] and "hotfix" in p["before"] and p["patched"] is True, p
-    for p in seen["plain"]:
+    for p in processes:
         assert p["before"] == ["_hotfix_boot"] and p["armed"] is True, p
         assert "hotfix" in p["after"] and p["patched"] is True, p
-    assert len({p["pid"] for p in processes + seen["plain"]} | {seen["parent"]}) == 4
 
 
 # ----------------------------------------------------------------------------
