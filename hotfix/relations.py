@@ -60,6 +60,7 @@ RELIANCES: Tuple[Reliance, ...] = (
     Reliance("transformers-frozen-inputs", "unsloth-zoo-offload-backward", UNSLOTH_FUNCTION, _ANCHOR),
     Reliance("transformers-ddp-find-unused", "unsloth-zoo-offload-backward", UNSLOTH_FUNCTION, _ANCHOR),
     Reliance("unsloth-zoo-closure-tensors", "unsloth-zoo-offload-backward", UNSLOTH_FUNCTION, _ANCHOR),
+    Reliance("torch-ddp-find-unused", "unsloth-zoo-offload-backward", UNSLOTH_FUNCTION, _ANCHOR),
     Reliance("torch-checkpoint-wrapper", "transformers-checkpoint-layer-io", ALWAYS, _WRAPPER),
     Reliance("torch-checkpoint-wrapper", "transformers-frozen-inputs", ROUTED, _ROUTED_BARE),
     Reliance("torch-checkpoint-wrapper", "transformers-ddp-find-unused", ROUTED, _ROUTED_BARE),

@@ -1,17 +1,18 @@
-"""torch's reentrant checkpoint entered directly, under DDP(find_unused_parameters=True): "ready only once".
+"""torch's reentrant checkpoint (or unsloth's in its place) entered directly, under DDP(find_unused_parameters=True).
 
-What breaks: as in transformers-ddp-find-unused, a reentrant checkpoint runs its layer under no_grad, so DDP's
-search for unused parameters does not reach the layer's parameters: it marks them ready when backward starts, and
-the recomputation marks them again ("Expected to mark a variable ready only once").  That fix acts on the calls
-through transformers' checkpoint function; a plain ``nn.Module`` whose blocks call
-``torch.utils.checkpoint.checkpoint(block, x, use_reentrant=True)``, or a Hub model's own modeling code calling
-a ``checkpoint`` it imported at module level, never passes there.
+What breaks: as in transformers-ddp-find-unused, a reentrant checkpoint runs its layer under no_grad: DDP's search
+for unused parameters misses the layer's parameters, marks them ready when backward starts, and the recomputation
+marks them again ("Expected to mark a variable ready only once").  That fix acts on calls through transformers'
+checkpoint function; a plain module's blocks calling ``torch.utils.checkpoint.checkpoint(..., use_reentrant=True)``,
+a Hub model's code calling a ``checkpoint`` imported at module level, unsloth's own model code (its smart gradient
+checkpointing swaps unsloth-zoo's ``UnslothCheckpointFunction`` in for torch's class) never pass there.
 
-How this fixes it: ``CheckpointFunction.apply`` (where every reentrant call of torch's checkpoint ends, however
-``checkpoint`` was imported) is wrapped on the class; inside a DDP forward that searches for unused parameters
-(not ``static_graph``, not ``no_sync``), a call whose layer has trainable parameters not already among its inputs
-passes them as extra inputs (``checkpointing.ddp``): each gradient reaches its parameter once, through the node DDP
-saw.  Revert deletes the class attribute.  docs/fixes/torch-ddp-find-unused.md.
+How this fixes it: ``apply`` of both classes (where every reentrant call ends, however ``checkpoint`` was imported)
+is wrapped on the class; inside a DDP forward that searches (not ``static_graph``, not ``no_sync``), a layer's
+trainable parameters not already inputs become extra inputs (``checkpointing.ddp``): each gradient reaches its
+parameter once, through the node DDP saw; behind a frozen first input on an unsloth-zoo release whose backward then
+returns one gradient, after a 0-byte anchor (``FirstInputRule``).  Revert deletes the class attributes.
+docs/fixes/torch-ddp-find-unused.md.
 """
 
 from __future__ import annotations
@@ -20,10 +21,29 @@ from typing import Any, Callable, Optional
 
 from hotfix import Mechanism, Patch
 from hotfix.checkpointing.code import code_objects
+from hotfix.checkpointing.unsloth import CLASS_NAME as UNSLOTH_CLASS
+from hotfix.checkpointing.unsloth import MODULE as UNSLOTH_MODULE
+from hotfix.checkpointing.unsloth import checkpoint_function_drift
 
 #: torch's checkpoint module and its reentrant autograd Function
 CHECKPOINT_MODULE = "torch.utils.checkpoint"
 FUNCTION_CLASS = "CheckpointFunction"
+#: where unsloth's swap keeps torch's own class once it has put UnslothCheckpointFunction in its place
+SWAPPED_OUT = "_old_CheckpointFunction"
+#: torch's checkpoint(), and where unsloth keeps it once its own is in its place
+TORCH_CHECKPOINT_NAMES = ("checkpoint", "_unsloth_pristine_checkpoint", "_old_checkpoint")
+
+
+def torch_function_class(module: Any) -> Any:
+    """torch's own ``CheckpointFunction`` of ``module`` (torch.utils.checkpoint), also after unsloth's swap; or None.
+
+    Read from the module's ``__dict__``, not imported: torch's own import may still be running.
+    """
+    for name in (FUNCTION_CLASS, SWAPPED_OUT):
+        found = module.__dict__.get(name)
+        if isinstance(found, type) and found.__module__ == CHECKPOINT_MODULE:
+            return found
+    return None
 
 
 def apply_with_visible_parameters(fix: Patch) -> Callable:
@@ -35,8 +55,9 @@ def apply_with_visible_parameters(fix: Patch) -> Callable:
     bound: list = []  # (searching_ddp, trainable_slots, with_parameters_as_inputs, modules_called, ...) once known
 
     def recomputing() -> None:
-        fix.repaired("a layer checkpointed by torch's reentrant checkpoint, called directly, had its parameters "
-                     "become checkpoint inputs, seen by DDP's search for unused ones")
+        fix.repaired("a layer's parameters became checkpoint inputs, seen by DDP's search for unused ones",
+                     call="a reentrant checkpoint entered directly (torch's or unsloth-zoo's class, not through "
+                          "transformers' checkpoint function)")
 
     def helpers() -> tuple:
         if not bound:
@@ -45,19 +66,28 @@ def apply_with_visible_parameters(fix: Patch) -> Callable:
             from hotfix.checkpointing.code import keep_dynamo_out_of_hotfix
             from hotfix.checkpointing.ddp import (ddp_drift, searching_ddp, trainable_slots, unused_reporter,
                                                   with_parameters_as_inputs)
+            from hotfix.checkpointing.inputs import anchored, first_input_needs_grad
             from hotfix.checkpointing.layer_call import modules_called
+            from hotfix.checkpointing.unsloth import FirstInputRule
 
             keep_dynamo_out_of_hotfix()  # its compiler must not trace hotfix's frames
             drifted = ddp_drift()
             if drifted:  # searching_ddp() then never sees a DDP forward: every call is left as it is
                 fix.warn_once("ddp drift", f"{drifted}: calls under DDP are left as upstream makes them")
+            first_input = FirstInputRule(fix)
+
+            def anchor_first(function: Callable, inputs: tuple) -> tuple:
+                if not first_input_needs_grad(inputs) and first_input.needs_grad_first():
+                    return anchored(function, inputs, first=True)
+                return function, inputs
+
             bound.append((searching_ddp, trainable_slots, with_parameters_as_inputs, modules_called,
-                          torch.is_grad_enabled, torch.compiler.is_compiling, unused_reporter(fix)))
+                          torch.is_grad_enabled, torch.compiler.is_compiling, unused_reporter(fix), anchor_first))
         return bound[0]
 
     def expose_parameters_to_ddp(wrapped, instance, args, kwargs):  # named: a wrapper chain reads which fix is where
         (searching_ddp, trainable_slots, with_parameters_as_inputs, modules_called, is_grad_enabled, is_compiling,
-         unused) = helpers()
+         unused, anchor_first) = helpers()
         if kwargs or len(args) < 2 or searching_ddp() is None or not is_grad_enabled() or is_compiling():
             return wrapped(*args, **kwargs)
         function, preserve, inputs = args[0], args[1], args[2:]
@@ -67,21 +97,37 @@ def apply_with_visible_parameters(fix: Patch) -> Callable:
         if not slots:
             return wrapped(*args, **kwargs)
         parameters = tuple({id(p): p for _, _, p in slots}.values())
+        function, inputs = anchor_first(function, inputs)
         function = with_parameters_as_inputs(function, len(inputs), slots, parameters, recomputing, unused)
         return wrapped(function, preserve, *inputs, *parameters)
 
     return expose_parameters_to_ddp
 
 
+def _called_code(module: Any, function: Any) -> list:
+    """The code objects of ``function`` and of the functions of ``module`` it calls by name (torch 2.14 moved the
+    reentrant call from ``checkpoint()`` into ``_checkpoint_impl()``)."""
+    found = list(code_objects(function))
+    for name in {name for code in found for name in code.co_names}:
+        callee = module.__dict__.get(name)
+        ours = getattr(callee, "__module__", None) == CHECKPOINT_MODULE
+        if callable(callee) and not isinstance(callee, type) and ours:
+            found += code_objects(callee)
+    return found
+
+
 class TorchDdpFindUnused(Patch):
     name = "torch-ddp-find-unused"
-    targets = (CHECKPOINT_MODULE,)
+    targets = (CHECKPOINT_MODULE, UNSLOTH_MODULE)
     # torch's DDP reducer has the defect on every release measured (docs/census/ddp.md: 2.4 - 2.15); hotfix's
-    # census does not reach below 2.4.
+    # census does not reach below 2.4.  unsloth-zoo: every release with UnslothCheckpointFunction (reentrant).
     mechanisms = (
         Mechanism("ddp-direct-checkpoint", {"torch": ">=2.4.0"}, unreached={"torch": "<2.4.0"},
                   summary="torch.utils.checkpoint.checkpoint(..., use_reentrant=True) called directly (a plain "
                           "module's blocks, a Hub model's own modeling code) under DDP(find_unused_parameters=True)"),
+        Mechanism("ddp-direct-unsloth", {"unsloth-zoo": ">=2024.11.6"},
+                  summary="the same calls after unsloth's smart gradient checkpointing swapped in its "
+                          "UnslothCheckpointFunction (unsloth's own model code calls torch's checkpoint directly)"),
     )
     symptom = ("RuntimeError: Expected to mark a variable ready only once - DDP with find_unused_parameters=True "
                "and torch.utils.checkpoint.checkpoint(..., use_reentrant=True) called by the model itself")
@@ -93,21 +139,30 @@ class TorchDdpFindUnused(Patch):
         self._wrapper: Optional[Callable] = None
 
     def drift(self, module: Any) -> Optional[str]:
+        if module.__name__ == UNSLOTH_MODULE:
+            return checkpoint_function_drift(module)
         # Read, not imported: torch's own import is running (DDP's class is checked again at each call)
-        function_class = module.__dict__.get(FUNCTION_CLASS)
-        if not isinstance(function_class, type) or function_class.__module__ != CHECKPOINT_MODULE:
+        if torch_function_class(module) is None:
             return f"{FUNCTION_CLASS} is missing or not torch's own (another library replaced it)"
-        checkpoint = getattr(module, "checkpoint", None)
-        for _ in range(4):  # torch decorates it (dynamo's disable): the function under the decorators
-            checkpoint = getattr(checkpoint, "__wrapped__", checkpoint)
-        if not any(FUNCTION_CLASS in code.co_names for code in code_objects(checkpoint)):
+        checkpoint = None
+        for name in TORCH_CHECKPOINT_NAMES:  # torch's own function, also where unsloth has put its own in its place
+            found = module.__dict__.get(name)
+            for _ in range(4):  # torch decorates it (dynamo's disable): the function under the decorators
+                found = getattr(found, "__wrapped__", found)
+            if getattr(found, "__module__", None) == CHECKPOINT_MODULE:
+                checkpoint = found
+                break
+        if not any(FUNCTION_CLASS in code.co_names for code in _called_code(module, checkpoint)):
             return f"checkpoint() no longer calls {FUNCTION_CLASS}.apply"
         return None
 
     def _apply(self, module: Any) -> None:
         if self._wrapper is None:
             self._wrapper = apply_with_visible_parameters(self)
-        self.wrap(getattr(module, FUNCTION_CLASS), "apply", self._wrapper)
+        if module.__name__ == UNSLOTH_MODULE:
+            self.wrap(getattr(module, UNSLOTH_CLASS), "apply", self._wrapper)
+        else:
+            self.wrap(torch_function_class(module), "apply", self._wrapper)
 
 
 patch = TorchDdpFindUnused()

@@ -12,6 +12,9 @@ parameter without gradient equals only one without gradient):
   ``gradient_checkpointing_enable()``, then its forward calls the ``checkpoint`` its module imported at the top;
 * ``moe``: a tiny Mixtral (8 experts, top-1, 3 tokens per rank: most experts get no token), checkpointed by
   transformers;
+* ``unsloth:direct:blocks``, ``unsloth:direct:remote``: the same after unsloth's smart gradient checkpointing swapped
+  unsloth-zoo's ``UnslothCheckpointFunction`` (2026.10.9, loaded on CPU) in for torch's class, as unsloth's own
+  model code meets it (its layers call torch's checkpoint themselves);
 * ``+join`` (uneven inputs: rank r has r+1 batches, under ``ddp.join()``), ``+no_sync`` (accumulation),
   ``+static_graph`` (DDP does not search: hotfix leaves it alone).
 
@@ -27,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from conftest import LAB, repair_notices, run_python
+from conftest import LAB, matrix_path, repair_notices, run_python
 
 FIX = "torch-ddp-find-unused"
 FIND_UNUSED = "Expected to mark a variable ready only once"
@@ -35,7 +38,9 @@ UNFINISHED = "Expected to have finished reduction in the prior iteration"
 ADVICE = "find_unused_parameters=True was specified in DDP constructor, but did not find any unused parameters"
 HOTFIX_ADVICE = "keep it on"
 TWO_RANKS = ["direct:blocks", "direct:remote", "direct:moe", "direct:blocks+join", "direct:remote+join",
-             "direct:blocks+no_sync", "direct:blocks+static_graph"]
+             "direct:blocks+no_sync", "direct:blocks+static_graph",
+             "unsloth:direct:blocks", "unsloth:direct:remote"]  # last: unsloth's swap is process-wide
+ZOO = "2026.10.9"
 FOUR_RANKS = ["direct:blocks", "direct:remote", "direct:blocks+no_sync"]
 TIMEOUT_S = 300
 ENV = {"MASTER_ADDR": "127.0.0.1", "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1",
@@ -59,7 +64,8 @@ def launch(folder, cases, ranks, *, disabled=False):
     else:
         argv = script
         env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_PORT=str(_free_port()))
-    proc = run_python(argv, env=env, timeout=TIMEOUT_S)
+    zoo = [matrix_path("unsloth-zoo", ZOO)] if any(case.startswith("unsloth:") for case in cases) else []
+    proc = run_python(argv, env=env, pythonpath=zoo, timeout=TIMEOUT_S)
     results = {}
     for path in folder.glob("rank*.json"):
         result = json.loads(path.read_text())
@@ -95,7 +101,7 @@ def test_upstream_fails_with_ddp_error_in_every_rank(launches):
 
 
 def test_with_hotfix_every_gradient_equals_ddp_without_checkpointing(launches):
-    """With hotfix (the script unchanged): every case trains in every rank, every gradient equals DDP's without
+    """With hotfix (the script unchanged): every case (unsloth's swapped class included) trains in every rank, every gradient equals DDP's without
     checkpointing, and the parameters without gradient (the unused ones, the experts no token reached) are exactly
     those without gradient there; the repair line names this fix for the direct calls."""
     for ranks in (2, 4):
@@ -107,6 +113,8 @@ def test_with_hotfix_every_gradient_equals_ddp_without_checkpointing(launches):
                 assert found["without_gradient"] == found["reference_without_gradient"], (case, found)
             assert result["cases"]["direct:blocks"]["without_gradient"] == ["never_used.bias", "never_used.weight"]
             assert result["cases"]["direct:remote"]["without_gradient"] == ["unused.bias", "unused.weight"]
+            if ranks == 2:  # unsloth's class took torch's place before its cases ran
+                assert result["checkpoint_function"] == "UnslothCheckpointFunction", result
         assert any(FIX in line for line in repair_notices(stderr)), stderr[-3000:]
     moe = launches[("hotfix", 2)][0][0]["cases"]["direct:moe"]
     assert any(".experts." in name for name in moe["without_gradient"]), moe  # the case has unused experts

@@ -226,3 +226,68 @@ def test_torch_ddp_find_unused_repairs_the_same_call_entered_directly(one_rank):
     assert torch_checkpoint.CheckpointFunction.__dict__.get("apply") is original
     with pytest.raises(RuntimeError, match=FIND_UNUSED):
         ddp_grads(REENTRANT)
+
+
+def test_torch_ddp_find_unused_repairs_the_call_after_unsloths_swap(one_rank, monkeypatch):
+    """unsloth's smart gradient checkpointing swaps its ``UnslothCheckpointFunction`` in for torch's class (a stand-in
+    here, of the same shape: the real release, swapped as unsloth does, is tests/e2e/test_ddp_direct_checkpoint.py):
+    torch's checkpoint then reaches that class, whose ``apply`` the fix wraps too.  Failing without; with it every
+    gradient equal to DDP without checkpointing; its drift check of torch's module still finds torch's own class
+    and function; revert puts back exactly what was there."""
+    import sys
+    import types
+
+    import torch.utils.checkpoint as torch_checkpoint
+
+    from hotfix.checkpointing import unsloth
+
+    release = types.ModuleType(unsloth.MODULE)
+
+    class UnslothCheckpointFunction(torch_checkpoint.CheckpointFunction):
+        pass
+
+    release.UnslothCheckpointFunction = UnslothCheckpointFunction
+    monkeypatch.setitem(sys.modules, unsloth.MODULE, release)
+    monkeypatch.setattr(torch_checkpoint, "_old_CheckpointFunction", torch_checkpoint.CheckpointFunction, raising=False)
+    monkeypatch.setattr(torch_checkpoint, "CheckpointFunction", UnslothCheckpointFunction)
+    reference = ddp_grads(None)
+    with pytest.raises(RuntimeError, match=FIND_UNUSED):
+        ddp_grads(REENTRANT)
+    assert direct_fix.drift(torch_checkpoint) is None and direct_fix.drift(release) is None
+    assert direct_fix.apply(release)
+    try:
+        report = compare_grads(reference, ddp_grads(REENTRANT), rtol=1e-6)
+        assert report.ok and len(report.equal) == 10, report.summary()
+    finally:
+        direct_fix.revert()
+    assert "apply" not in UnslothCheckpointFunction.__dict__
+
+
+_TORCH_2_14_SHAPE = '''
+class CheckpointFunction:
+    pass
+
+def _checkpoint_impl(function, *args, use_reentrant=None):
+    return CheckpointFunction.apply(function, True, *args)
+
+def checkpoint(function, *args, use_reentrant=None):
+    return _checkpoint_impl(function, *args, use_reentrant=use_reentrant)
+'''
+
+
+@pytest.mark.parametrize("shape", ["checkpoint() calls it", "a helper of checkpoint() calls it", "nothing calls it"])
+def test_the_drift_check_follows_checkpoint_into_the_helper_torch_2_14_calls(shape):
+    """torch 2.14 moved the reentrant call from ``checkpoint()`` into ``_checkpoint_impl()``: the fix applies there
+    (2026-11-28: under torch 2.14.1 it was skipped as drifted before), and says drift where nothing calls the class."""
+    import types
+
+    module = types.ModuleType("torch.utils.checkpoint")
+    source = _TORCH_2_14_SHAPE
+    if shape == "checkpoint() calls it":
+        source = source.replace("return _checkpoint_impl(function, *args, use_reentrant=use_reentrant)",
+                                "return CheckpointFunction.apply(function, True, *args)")
+    elif shape == "nothing calls it":
+        source = source.replace("CheckpointFunction.apply(", "function(")
+    exec(compile(source, "<torch.utils.checkpoint>", "exec"), module.__dict__)
+    found = direct_fix.drift(module)
+    assert found == (None if shape != "nothing calls it" else "checkpoint() no longer calls CheckpointFunction.apply")

@@ -21,7 +21,8 @@ import torch
 from conftest import REPO
 from hotfix import relations
 from hotfix.checkpointing import unsloth
-from hotfix.patches import (axolotl_offload_checkpoint, transformers_checkpoint_layer_io, transformers_ddp_find_unused,
+from hotfix.patches import (axolotl_offload_checkpoint, torch_ddp_find_unused, transformers_checkpoint_layer_io,
+                            transformers_ddp_find_unused,
                             transformers_frozen_inputs, unsloth_zoo_closure_tensors, unsloth_zoo_nonreentrant_offload,
                             unsloth_zoo_offload_backward)
 
@@ -122,7 +123,8 @@ def test_the_slot_chain_leaves_out_the_fixes_that_step_aside():
 
 
 # --------------------------------------------------------------------------- -> unsloth-zoo-offload-backward
-RELYING_ON_THE_BACKWARD = (*SLOT_FIXES, unsloth_zoo_closure_tensors.UnslothZooClosureTensors)
+RELYING_ON_THE_BACKWARD = (*SLOT_FIXES, unsloth_zoo_closure_tensors.UnslothZooClosureTensors,
+                           torch_ddp_find_unused.TorchDdpFindUnused)
 
 
 @pytest.mark.parametrize("relying", RELYING_ON_THE_BACKWARD, ids=lambda cls: cls.name)

@@ -28,7 +28,9 @@ equals a zero one).  Case names: ``[unsloth:]{lora,full,whisper-lora}[+unused][+
 * ``+static_graph``: ``static_graph=True`` as well;
 * ``unsloth:``: through unsloth-zoo's ``UnslothCheckpointFunction`` (the release on PYTHONPATH, loaded on
   CPU by zoo_loader.py with unsloth's own swap of torch's CheckpointFunction).  These come after
-  the torch cases: the swap is process-wide.
+  the torch cases: the swap is process-wide.  ``unsloth:direct:...``: a ``direct:`` case (below) after the
+  swap: the blocks' and the remote-code model's own ``checkpoint`` calls reach unsloth's class, as unsloth's
+  own model code's do.
 
 ``trainer-lora``: transformers' Trainer with ``gradient_checkpointing=True`` over the LoRA model
 (the Trainer picks ``find_unused_parameters=True`` itself for a PEFT model: recorded), 3 steps,
@@ -391,11 +393,12 @@ def main():
         try:
             if case.startswith("unsloth:") and "checkpoint_function" not in out:
                 out["checkpoint_function"] = use_unsloth()
+            kind = case.split(":", 1)[1] if case.startswith("unsloth:") else case  # unsloth:direct:... too
             if case == "trainer-lora":
                 out["cases"][case] = trainer_case(rank, world)
             elif case == "sft-lora":
                 out["cases"][case] = sft_case(rank, world)
-            elif case.startswith("direct:"):
+            elif kind.startswith("direct:"):
                 out["cases"][case] = direct_case(case, rank, world)
             elif case.startswith(("advice:", "probe:")):
                 out["cases"][case] = advice_case(case, rank, world)
