@@ -31,6 +31,8 @@ matrix() {
             unsloth-zoo)  pipq --no-deps --target "$dir" "unsloth_zoo==$version" ;;
             llamafactory|axolotl) pipq --no-deps --target "$dir" "$name==$version" ;;  # code only (fork_loader)
             pillow|scipy) pipq --no-deps --target "$dir" "$name==$version" ;;
+            # PyPI has DeepSpeed as an sdist only: built without its C++ ops (its CPU accelerator needs none)
+            deepspeed) DS_BUILD_OPS=0 pipq --no-deps --no-build-isolation --target "$dir" "deepspeed==$version" ;;
             *) echo "unknown matrix entry: $name" >&2; exit 1 ;;
         esac
         touch "$dir/.complete"
@@ -41,7 +43,8 @@ matrix() {
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 # torch pinned: a bare requirement would pull a multi-GB CUDA build.
 pipq torch==2.13.0 numpy "wrapt>=1.14" "packaging>=21" pytest setuptools wheel build twine import-linter==2.17 \
-    transformers==4.56.2 accelerate psutil peft==0.21.2 nbclient==0.10.2 nbformat==5.10.4 ipykernel==6.30.1
+    transformers==4.56.2 accelerate psutil peft==0.21.2 nbclient==0.10.2 nbformat==5.10.4 ipykernel==6.30.1 \
+    hjson msgpack ninja py-cpuinfo "pydantic>=2" einops  # DeepSpeed's pure-Python dependencies (tests/matrix.txt)
 "$VENV/bin/python" -c "import torch, transformers, wrapt, pytest, importlinter" # fail early if an install failed
 
 rm -rf dist build

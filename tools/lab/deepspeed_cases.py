@@ -1,0 +1,163 @@
+"""Training under DeepSpeed ZeRO-2 / ZeRO-3 with gradient checkpointing: the cases of issue 42, part 1.
+
+    DS_ACCELERATOR=cpu python -m torch.distributed.run --nproc_per_node 2 tools/lab/deepspeed_cases.py RESULT_DIR CASE...
+
+CPU (DeepSpeed's CPU accelerator, gloo where oneCCL is absent; the caller sets loopback: MASTER_ADDR=127.0.0.1,
+GLOO_SOCKET_IFNAME=lo) with DeepSpeed on PYTHONPATH (installed from its sdist with DS_BUILD_OPS=0: no C++ op is
+built).  Case names: ``zero{2,3}:{lora,full,whisper,whisper-lora}:{reentrant,nonreentrant}``, and
+``trainer-zero{2,3}:whisper:{reentrant,nonreentrant}``: transformers' Seq2SeqTrainer with a ``deepspeed`` config
+(its losses compared where the other cases compare gradients).  Each case builds the model
+twice, the same seed, and trains each through ``deepspeed.initialize`` (fp32, a client SGD optimizer, each rank on
+its share of one batch) for two steps: once without checkpointing (the reference), once with transformers'
+gradient checkpointing in that mode.  Compared: every trainable parameter's full gradient after the first backward
+(``deepspeed.utils.safe_get_full_grad``: gathered across ranks; a parameter without one equals only one without)
+and every trainable parameter after the second step (``safe_get_full_fp32_param``).  Each rank writes
+RESULT_DIR/rank<N>.json: {"rank", "world", "hotfix_loaded", "torch", "transformers", "deepspeed", "cases": {CASE:
+{"ok", "equal", "missing", "wrong", "params_equal", "summary"} or {"ok": false, "error"}}}.  The script never
+mentions hotfix (the start-up hook activates it on ``import transformers``; HOTFIX_DISABLE=1 gives upstream).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import torch
+
+import transformers  # the start-up hook activates hotfix here, where installed
+
+HOTFIX_LOADED = "hotfix" in sys.modules
+import deepspeed  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_grad  # noqa: E402
+
+import ddp_cases  # noqa: E402  (tools/lab, beside this file: the tiny models and hotfix's comparison rule)
+
+RTOL = 1e-5
+STEPS = 2
+
+
+def config(stage: int, world: int) -> dict:
+    return {"train_micro_batch_size_per_gpu": ddp_cases.BATCH // world, "gradient_accumulation_steps": 1,
+            "zero_optimization": {"stage": stage}, "zero_allow_untested_optimizer": True,
+            "steps_per_print": 10 ** 9, "wall_clock_breakdown": False}
+
+
+def model_for(recipe: str, mode: str):
+    """``lora``/``full``: a tiny Llama (PEFT LoRA with the input hook, or every parameter); ``whisper``: a tiny Whisper,
+    every parameter (its decoder's ``encoder_hidden_states=`` by keyword); ``whisper-lora``: LoRA without the hook."""
+    if recipe == "whisper":
+        import tiny_models
+
+        model = tiny_models.whisper()[0]
+    else:
+        model = ddp_cases.build(recipe, False, False)
+    if mode != "none":
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": mode == "reentrant"})
+    return model
+
+
+def train(recipe: str, mode: str, stage: int, rank: int, world: int):
+    """(full gradients after the first backward, full parameters after the last step), by parameter name."""
+    model = model_for(recipe, mode)
+    trainable = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+    optimizer = torch.optim.SGD([p for _, p in trainable], lr=0.1)
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config(stage, world))
+    if recipe == "whisper":
+        import tiny_models
+
+        whole = tiny_models.whisper()[1]
+    else:
+        whole = ddp_cases.batch(recipe)
+    mine = {key: value.chunk(world)[rank] for key, value in whole.items()}
+    first = {}
+    for step in range(STEPS):
+        loss = engine(**mine).loss
+        engine.backward(loss)
+        if step == 0:
+            for name, p in trainable:
+                grad = safe_get_full_grad(p)
+                first[name] = None if grad is None else grad.detach().to("cpu", copy=True)
+        engine.step()
+    final = {name: safe_get_full_fp32_param(p).detach().to("cpu", copy=True) for name, p in trainable}
+    engine.destroy()
+    return first, final
+
+
+def trainer(recipe: str, mode: str, stage: int, rank: int, world: int):
+    """transformers' Seq2SeqTrainer with a ``deepspeed`` config (tiny Whisper, DeepSpeed's AdamW in torch, 2 steps);
+    (the losses, every trainable parameter after training), as case() compares them."""
+    import tiny_models
+    from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments
+
+    model, whole = tiny_models.whisper()
+    rows = [{key: value[i] for key, value in whole.items()} for i in range(len(whole["labels"]))] * world
+
+    class Rows(torch.utils.data.Dataset):
+        def __len__(self):
+            return len(rows)
+
+        def __getitem__(self, index):
+            return rows[index]
+
+    settings = {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
+                "zero_optimization": {"stage": stage}, "fp16": {"enabled": False}, "bf16": {"enabled": False},
+                "optimizer": {"type": "AdamW", "params": {"lr": "auto", "torch_adam": True}}}
+    checkpointing = {} if mode == "none" else {"gradient_checkpointing": True,
+                                               "gradient_checkpointing_kwargs": {"use_reentrant": mode == "reentrant"}}
+    args = Seq2SeqTrainingArguments(output_dir=os.path.join(os.environ.get("TMPDIR", "/tmp"), f"ds-trainer-{rank}"),
+                                    per_device_train_batch_size=len(whole["labels"]) // world, max_steps=STEPS,
+                                    learning_rate=1e-3, report_to=[], save_strategy="no", logging_steps=1,
+                                    use_cpu=True, deepspeed=settings, seed=0, **checkpointing)
+    run = Seq2SeqTrainer(model=model, args=args, train_dataset=Rows())
+    run.train()
+    losses = {f"loss {i}": torch.tensor(entry["loss"]) for i, entry in enumerate(run.state.log_history)
+              if "loss" in entry}
+    final = {name: safe_get_full_fp32_param(p).detach().to("cpu", copy=True)
+             for name, p in run.model.named_parameters() if p.requires_grad}
+    run.model_wrapped.destroy()
+    return losses, final
+
+
+def case(name: str, rank: int, world: int) -> dict:
+    stage, recipe, mode = name.split(":")
+    if stage.startswith("trainer-"):  # trainer-zero<N>: the Trainer's own loop; its losses stand for the gradients
+        stage = int(stage.removeprefix("trainer-zero"))
+        ref_losses, ref_params = trainer(recipe, "none", stage, rank, world)
+        losses, params = trainer(recipe, mode, stage, rank, world)
+        found = ddp_cases.report(ref_losses, losses)
+        after = ddp_cases.compare_rule.compare_grads(ref_params, params, rtol=RTOL)
+        return dict(ok=True, trainable=len(ref_params), params_equal=after.ok, params_summary=after.summary(),
+                    **found)
+    stage = int(stage.removeprefix("zero"))
+    ref_grads, ref_params = train(recipe, "none", stage, rank, world)
+    grads, params = train(recipe, mode, stage, rank, world)
+    found = ddp_cases.report(ref_grads, grads)
+    after = ddp_cases.compare_rule.compare_grads(ref_params, params, rtol=RTOL)
+    return dict(ok=True, trainable=len(ref_grads), params_equal=after.ok, params_summary=after.summary(), **found)
+
+
+def main():
+    result_dir, cases = sys.argv[1], sys.argv[2:]
+    deepspeed.init_distributed(dist_backend="gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    out = {"rank": rank, "world": world, "hotfix_loaded": HOTFIX_LOADED, "torch": torch.__version__,
+           "transformers": transformers.__version__, "deepspeed": deepspeed.__version__, "cases": {}}
+    for name in cases:
+        try:
+            out["cases"][name] = case(name, rank, world)
+        except Exception as exc:
+            out["cases"][name] = {"ok": False, "error": ddp_cases.compare_rule.short_error(exc)}
+        dist.barrier()
+    with open(os.path.join(result_dir, "rank%d.json" % rank), "w") as f:
+        json.dump(out, f)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # as ddp_cases.py: gloo's C++ teardown can abort after the results are written
