@@ -55,7 +55,7 @@ def _git_tree(root, files):
 
 def test_carry_size_counts_tree_and_carry_against_the_limit(tmp_path):
     _git_tree(tmp_path, {"src/a.py": 3 << 20, "untracked.txt": 1 << 20, ".whl/base/big.whl": 30 << 20,
-                         ".whl/t5/t.whl": 10 << 20})
+                         ".whl/t5/t.whl": 10 << 20, ".whl/ds/d.whl": 1 << 20})
     folders = [str(tmp_path / ".whl" / "base"), str(tmp_path / ".whl" / "t5")]
     tree, carried, ok = carry_size.check(str(tmp_path), folders)
     assert tree == (4 << 20) + len("/.whl/\n") and carried == 40 << 20 and ok
@@ -86,6 +86,25 @@ def _ddp_run(tmp, run, loaded, cases):
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "rank0.json").write_text(json.dumps({"rank": 0, "world": 1, "hotfix_loaded": loaded, "device": "cuda:0",
                                                    "torch": "2.11.0", "transformers": "4.56.2", "cases": cases}))
+
+
+def test_report_judges_the_deepspeed_cases(tmp_path):
+    equal = {"ok": True, "equal": True, "params_equal": True, "summary": "88/88 parameter gradients equal"}
+    upstream = {name: equal if failure is None else {"ok": False, "error": f"RuntimeError: {failure}"}
+                for name, failure in report.DEEPSPEED_UPSTREAM.items()}
+    fixed = {name: dict(equal) for name in upstream}
+    for run, loaded, cases in (("upstream", False, upstream), ("hotfix", True, fixed)):
+        folder = tmp_path / "deepspeed" / run
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "rank0.json").write_text(json.dumps({"rank": 0, "world": 1, "hotfix_loaded": loaded, "cases": cases,
+                                                       "device": "cuda", "deepspeed": "0.19.8"}))
+    assert report.deepspeed_summary(str(tmp_path))["problems"] == []
+    fixed["zero3:whisper:reentrant"] = dict(equal, params_equal=False)
+    (tmp_path / "deepspeed" / "hotfix" / "rank0.json").write_text(json.dumps(
+        {"rank": 0, "world": 1, "hotfix_loaded": True, "cases": fixed}))
+    problems = report.deepspeed_summary(str(tmp_path))["problems"]
+    assert len(problems) == 1 and problems[0].startswith("hotfix zero3:whisper:reentrant"), problems
+    assert report.deepspeed_summary(str(tmp_path / "none")) is None
 
 
 def test_report_judges_the_ddp_and_non_reentrant_cases(tmp_path):
@@ -157,7 +176,8 @@ def test_build_carry_then_dry_run_takes_every_step_of_every_part(tmp_path):
     assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
     names = sorted(f"{path.parent.name}/{path.name}" for path in carry.glob("*/*.whl"))
     for prefix in ["base/hotfix_checkpoint-", "base/transformers-4.56.2-", "base/tokenizers-", "base/huggingface_hub-",
-                   "t5/transformers-5.23.0-"] + [f"base/unsloth_zoo-{version}-" for version in _matrix_zoo_releases()]:
+                   "t5/transformers-5.23.0-", "ds/deepspeed-0.19.8-", "ds/pydantic-"] + [
+                   f"base/unsloth_zoo-{version}-" for version in _matrix_zoo_releases()]:
         assert any(name.startswith(prefix) for name in names), (prefix, names)
     for name, tree, carried, fits in parts.check_carry(str(carry), str(REPO)):
         assert fits and f"part {name}: " in built.stdout, (name, tree, carried)
@@ -184,6 +204,8 @@ def test_build_carry_then_dry_run_takes_every_step_of_every_part(tmp_path):
     assert {row["status"] for row in results["fit"]["rows"]} == {"planned"}, results["fit"]
     assert "soak (hotfix):" in proc.stdout and "compile_case.py --model whisper --function unsloth" in proc.stdout
     assert "ddp_cases.py" in proc.stdout and "lora+no_sync" in proc.stdout
+    assert "deepspeed_cases.py" in proc.stdout and "trainer-zero3:whisper:reentrant" in proc.stdout
+    assert (site / "deepspeed" / "deepspeed" / "__init__.py").is_file()
     for child in ("nonreentrant 2025.11.5 hotfix:default", "nonreentrant 2026.10.9 upstream:reentrant"):
         assert child in proc.stdout, child
     # the seed's flow: unsloth installed from the carry, its GPU test run from outside the checkout (no CUDA: skipped)

@@ -12,6 +12,7 @@ with its installs, and carries only the folders it needs (scripts/gpu/build-carr
   base/     hotfix's wheel, transformers 4.56.2 + tokenizers 0.22.1 + huggingface-hub 0.36.0,
             every unsloth-zoo release of tests/matrix.txt
   t5/       transformers 5.23.0 (activation_checkpointing_enable; the image has 5.17.0)
+  ds/       DeepSpeed 0.19.8 (built without C++ ops) and the pure-Python packages it needs (extras' ZeRO-3 case)
   unsloth/  unsloth and the pure-Python packages the image lacks (tools/gpu/unsloth-carry.txt)
 
 Estimates are for an H100 and come from the 2026-11-25 logs (../shared/gpu-runs/2026-11-25/ and
@@ -67,12 +68,13 @@ PARTS = (
          "benchmark, large-v3 dims, bf16, LoRA r=64, batches 1,8,64: 9 variants one after the other, "
          "including the step-1 anchor (upstream 2025.11.5 on a shape it trains) and transformers 5.23's offload",
          "9 variants x ~35 s (32-69 s each over six batch sizes in the kit; three now), stops at 430 s"),
-    Part("extras", ("base", "t5"), 270,
+    Part("extras", ("base", "t5", "ds"), 270,
          "soak (80 AdamW steps: hotfix + 2025.11.3, use_reentrant=False, upstream 2025.11.3, at once); then at once: "
          "torch.compile (inductor) over checkpointed models (tools/lab/compile_case.py), 1-GPU DDP with "
          "find_unused_parameters=True, upstream and hotfix (tools/lab/ddp_cases.py under torchrun, 7 cases), and "
          "unsloth's offload under transformers 5.23's non-reentrant default and TRL's kwargs on unsloth-zoo "
-         "2025.11.5 and 2026.10.9 (tools/gpu/nonreentrant.py, 10 children 5 at a time)",
+         "2025.11.5 and 2026.10.9 (tools/gpu/nonreentrant.py, 10 children 5 at a time), and DeepSpeed ZeRO-3 on "
+         "one GPU, upstream and hotfix (tools/lab/deepspeed_cases.py under torchrun, 4 cases)",
          "soak runs 41-64 s each alone (soak.txt), 3 at once ~100 s; compile 5-30 s per first step plus start-up "
          "(compile.txt); DDP and non-reentrant children are tiny models or single steps, mostly import time (CPU: "
          "DDP 16 s per run, a non-reentrant child ~30 s on 2 loaded cores); installs 25 s"),

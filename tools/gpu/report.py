@@ -175,6 +175,36 @@ def wrapper_summary(out):
             "versions": next(({k: r.get(k) for k in ("torch", "transformers")} for r in runs.values() if r), {})}
 
 
+#: tools/lab/deepspeed_cases.py's cases on one GPU: what upstream does (None: trains equal), as measured on CPU
+#: (tests/e2e/test_deepspeed.py); with hotfix every case trains, gradients and parameters equal
+DEEPSPEED_UPSTREAM = {"zero3:whisper:reentrant": "Trying to backward through the graph a second time",
+                      "zero3:whisper-lora:reentrant": "loss must be a scalar tensor",
+                      "zero3:lora:nonreentrant": None,
+                      "trainer-zero3:whisper:reentrant": "Trying to backward through the graph a second time"}
+
+
+def deepspeed_summary(out):
+    """The 1-GPU DeepSpeed ZeRO-3 cases against DEEPSPEED_UPSTREAM and hotfix's equality; None when they did not run."""
+    runs, problems, names = _rank_runs(out, "deepspeed")
+    if runs is None:
+        return None
+    rows = []
+    for name in names:
+        up, fixed = ((runs[run] or {}).get("cases", {}).get(name) for run in ("upstream", "hotfix"))
+        rows.append({"case": name, "upstream": up, "hotfix": fixed})
+        expected = DEEPSPEED_UPSTREAM.get(name)
+        if up is not None and expected is None and not (up.get("ok") and up.get("equal")):
+            problems.append(f"upstream {name}: {_case_text(up)}, expected ok and equal")
+        if up is not None and expected is not None and expected not in str(up.get("error")):
+            problems.append(f"upstream {name}: {_case_text(up)}, expected \"{expected}\"")
+        if fixed is not None and not (fixed.get("ok") and fixed.get("equal") and fixed.get("params_equal")):
+            problems.append(f"hotfix {name}: {_case_text(fixed)}, expected ok, every gradient and parameter equal")
+    return {"rows": rows, "problems": problems, "notes": [],
+            "device": next((r.get("device") for r in runs.values() if r), None),
+            "versions": next(({k: r.get(k) for k in ("torch", "transformers", "deepspeed")} for r in runs.values()
+                              if r), {})}
+
+
 def _case_text(case):
     if case is None:
         return "–"
@@ -278,7 +308,7 @@ def _label(run):
 
 
 def markdown(env, tests, bench, found, sanitizer=None, soak=None, compiled=None, fit=None, ddp=None, routing=None,
-             unsloth=None, wrapper=None):
+             unsloth=None, wrapper=None, deepspeed=None):
     lines = ["# GPU kit results", ""]
     lines += [f"- {k}: {v}" for k, v in env.items() if k != "installed"]
     for folder, versions in env.get("installed", {}).items():
@@ -345,6 +375,8 @@ def markdown(env, tests, bench, found, sanitizer=None, soak=None, compiled=None,
         lines += _ddp_markdown(ddp)
     if wrapper is not None:
         lines += _wrapper_markdown(wrapper)
+    if deepspeed is not None:
+        lines += _deepspeed_markdown(deepspeed)
     if routing is not None:
         lines += _routing_markdown(routing)
     if unsloth is not None:
@@ -382,6 +414,17 @@ def _wrapper_markdown(wrapper):
     for row in wrapper["rows"]:
         lines.append(f"| {row['case']} | {_case_text(row['upstream'])} | {_case_text(row['hotfix'])} |")
     return lines + _verdict_lines(wrapper["problems"], wrapper["notes"])
+
+
+def _deepspeed_markdown(deepspeed):
+    lines = ["", "## DeepSpeed ZeRO-3, one GPU (tools/lab/deepspeed_cases.py)", "",
+             f"device {deepspeed['device']}, " + ", ".join(f"{k} {v}" for k, v in deepspeed["versions"].items()), "",
+             "| case | upstream | hotfix | upstream expected |", "|---|---|---|---|"]
+    for row in deepspeed["rows"]:
+        expected = DEEPSPEED_UPSTREAM.get(row["case"])
+        lines.append(f"| {row['case']} | {_case_text(row['upstream'])} | {_case_text(row['hotfix'])} | "
+                     f"{'ok, equal' if expected is None else 'fails: ' + expected} |")
+    return lines + _verdict_lines(deepspeed["problems"], deepspeed["notes"])
 
 
 def _routing_markdown(routing):
@@ -442,13 +485,14 @@ def main(argv=None):
     fit = _load(os.path.join(out, "fit.json"), {})
     ddp = ddp_summary(out)
     wrapper = wrapper_summary(out)
+    deepspeed = deepspeed_summary(out)
     routing = nonreentrant_summary(os.path.join(out, "nonreentrant.jsonl"))
     unsloth = unsloth_summary(out)
     with open(os.path.join(out, "results.json"), "w") as handle:
         json.dump({"environment": env, "tests": tests, "bench": bench, "targets": found, "sanitizer": sanitizer,
                    "soak": soak, "compile": compiled, "fit": fit, "ddp": ddp, "nonreentrant": routing,
-                   "unsloth": unsloth, "wrapper": wrapper}, handle, indent=1)
-    text = markdown(env, tests, bench, found, sanitizer, soak, compiled, fit, ddp, routing, unsloth, wrapper)
+                   "unsloth": unsloth, "wrapper": wrapper, "deepspeed": deepspeed}, handle, indent=1)
+    text = markdown(env, tests, bench, found, sanitizer, soak, compiled, fit, ddp, routing, unsloth, wrapper, deepspeed)
     with open(os.path.join(out, "report.md"), "w") as handle:
         handle.write(text)
     print(text)

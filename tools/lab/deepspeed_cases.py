@@ -3,7 +3,8 @@
     DS_ACCELERATOR=cpu python -m torch.distributed.run --nproc_per_node 2 tools/lab/deepspeed_cases.py RESULT_DIR CASE...
 
 CPU (DeepSpeed's CPU accelerator, gloo where oneCCL is absent; the caller sets loopback: MASTER_ADDR=127.0.0.1,
-GLOO_SOCKET_IFNAME=lo) with DeepSpeed on PYTHONPATH (installed from its sdist with DS_BUILD_OPS=0: no C++ op is
+GLOO_SOCKET_IFNAME=lo), or where DeepSpeed's accelerator is CUDA the rank's GPU and NCCL (the GPU kit's 1-GPU
+case), with DeepSpeed on PYTHONPATH (installed from its sdist with DS_BUILD_OPS=0: no C++ op is
 built).  Case names: ``zero{2,3}:{lora,full,whisper,whisper-lora}:{reentrant,nonreentrant}``, and
 ``trainer-zero{2,3}:whisper:{reentrant,nonreentrant}``: transformers' Seq2SeqTrainer with a ``deepspeed`` config
 (its losses compared where the other cases compare gradients).  Each case builds the model
@@ -70,7 +71,7 @@ def train(recipe: str, mode: str, stage: int, rank: int, world: int):
         whole = tiny_models.whisper()[1]
     else:
         whole = ddp_cases.batch(recipe)
-    mine = {key: value.chunk(world)[rank] for key, value in whole.items()}
+    mine = {key: value.chunk(world)[rank].to(engine.device) for key, value in whole.items()}
     first = {}
     for step in range(STEPS):
         loss = engine(**mine).loss
@@ -109,7 +110,8 @@ def trainer(recipe: str, mode: str, stage: int, rank: int, world: int):
     args = Seq2SeqTrainingArguments(output_dir=os.path.join(os.environ.get("TMPDIR", "/tmp"), f"ds-trainer-{rank}"),
                                     per_device_train_batch_size=len(whole["labels"]) // world, max_steps=STEPS,
                                     learning_rate=1e-3, report_to=[], save_strategy="no", logging_steps=1,
-                                    use_cpu=True, deepspeed=settings, seed=0, **checkpointing)
+                                    use_cpu=not torch.cuda.is_available(), deepspeed=settings, seed=0,
+                                    **checkpointing)
     run = Seq2SeqTrainer(model=model, args=args, train_dataset=Rows())
     run.train()
     losses = {f"loss {i}": torch.tensor(entry["loss"]) for i, entry in enumerate(run.state.log_history)
@@ -140,9 +142,13 @@ def case(name: str, rank: int, world: int) -> dict:
 
 def main():
     result_dir, cases = sys.argv[1], sys.argv[2:]
-    deepspeed.init_distributed(dist_backend="gloo")
+    from deepspeed.accelerator import get_accelerator
+
+    accelerator = get_accelerator()
+    deepspeed.init_distributed(dist_backend=accelerator.communication_backend_name())
     rank, world = dist.get_rank(), dist.get_world_size()
     out = {"rank": rank, "world": world, "hotfix_loaded": HOTFIX_LOADED, "torch": torch.__version__,
+           "device": accelerator.device_name(), "backend": accelerator.communication_backend_name(),
            "transformers": transformers.__version__, "deepspeed": deepspeed.__version__, "cases": {}}
     for name in cases:
         try:
