@@ -1,6 +1,6 @@
 """The ranges each fix declares equal the census's evidence (issue 26), from the committed rows.
 
-docs/census/ holds the rows of tools/census/census.py (every transformers minor line 4.35 - 5.23 and
+docs/census/ holds the rows of tools/census/census.py (every transformers minor line from 4.35 to the newest and
 every unsloth-zoo release since 2024.11.6, without and with hotfix, under torch 2.13.0 and 2.14.1; the
 torch lines 2.4 - 2.15 on one release each, with the compile column); nothing is re-run here.
 tools/census/gates.py says what "equal to the evidence" means; this test fails on any disagreement,
@@ -29,8 +29,8 @@ def _rows():
     return [json.loads(line) for line in sweep_store.read_lines(STORE)]
 
 
-#: the torch releases the census measures every release under (both on this machine's disk)
-TORCHES = ("2.13.0", "2.14.1")
+#: the torch releases the census measures every release under
+TORCHES = releases.CENSUS_TORCHES
 
 
 def test_the_census_covers_every_release_it_should():

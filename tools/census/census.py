@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """The census: each mechanism hotfix repairs, measured on every release line, without and with hotfix.
 
+    python tools/census/add_release.py                        # a new release into every census (its docstring)
     python tools/census/census.py --jobs 2                    # every dimension: installs, runs, renders
     python tools/census/census.py --dimension transformers    # or unsloth-zoo
     python tools/census/census.py --render-only               # docs/versions.md from docs/census/
@@ -10,7 +11,7 @@
                                                               # torch lines 2.4 - 2.15 (venvs made here)
 
 Dimensions (releases: tools/census/releases.py):
-* transformers: the last patch of every minor line 4.35 - 5.23 and the first release of each line
+* transformers: the last patch of every minor line from 4.35 to the newest and the first release of each line
   where a declared range starts (below 4.43 the LoRA cells run an older PEFT:
   tools/sweep/sweep_models.py's ``OLDER_PEFT``).  Each mechanism's cells (``CELLS``: a model type and a recipe of the
   sweep, built and checked by tools/sweep/'s worker, memory/time guard per step, a worker killed per

@@ -11,12 +11,16 @@ two do: docs/fixes/transformers-ddp-find-unused.md) runs tools/lab/ddp_cases.py 
 (HOTFIX_DISABLE=1) and with it: a tiny Llama with PEFT LoRA on q_proj/v_proj and with every parameter
 training, through torch's reentrant checkpoint and unsloth-zoo's ``UnslothCheckpointFunction`` (the
 release tools/sweep/sweep_models.py names, loaded on CPU), every trainable parameter's gradient after
-DDP's all-reduce against DDP without checkpointing.  Below transformers 4.43 the LoRA cases run the
-older PEFT the sweep uses there.  About 8 s per release and half on the 2-core CPU machine.
+DDP's all-reduce against DDP without checkpointing; and the direct call (torch-ddp-find-unused): a
+``PreTrainedModel`` as Hub modeling files write it (tools/lab/remote_code_model.py), whose own forward calls
+the ``checkpoint`` its module imported, through torch's class and after unsloth's swap of its class in for
+torch's.  Below transformers 4.43 the LoRA cases run the older PEFT the sweep uses there.  About 10 s per
+release and half on the 2-core CPU machine.
 
 Rows: docs/census/ddp/torch<version>.jsonl.gz (tools/sweep/sweep_store.py; a folder of its own).  The
 page: docs/census/ddp.md.  ``gate_problems()`` holds the declared range of transformers-ddp-find-unused
-(mechanism ddp-hidden-parameters) against the rows (tests/versions/test_ddp_census.py).
+(mechanism ddp-hidden-parameters) and torch-ddp-find-unused's (the direct cases) against the rows
+(tests/versions/test_ddp_census.py).
 """
 
 from __future__ import annotations
@@ -39,9 +43,15 @@ STORE = REPO / "docs" / "census" / "ddp"
 DOC = REPO / "docs" / "census" / "ddp.md"
 DIMENSION = "ddp"
 FIX, MECHANISM = "transformers-ddp-find-unused", "ddp-hidden-parameters"
+#: the fix of the direct cases, and its mechanism per checkpoint function (the ranges: torch's, unsloth-zoo's)
+DIRECT_FIX = "torch-ddp-find-unused"
+DIRECT_MECHANISMS = {"torch": ("ddp-direct-checkpoint", "torch"), "unsloth": ("ddp-direct-unsloth", "unsloth-zoo")}
 #: (checkpoint function, recipe) -> tools/lab/ddp_cases.py's case name; unsloth's come last (its swap is process-wide)
-CASES = {("torch", "lora"): "lora", ("torch", "full"): "full",
-         ("unsloth", "lora"): "unsloth:lora", ("unsloth", "full"): "unsloth:full"}
+CASES = {("torch", "lora"): "lora", ("torch", "full"): "full", ("torch", "direct"): "direct:remote",
+         ("unsloth", "lora"): "unsloth:lora", ("unsloth", "full"): "unsloth:full",
+         ("unsloth", "direct"): "unsloth:direct:remote"}
+#: the page's column of each case
+COLUMNS = {"lora": "LoRA", "full": "full", "direct": "direct call"}
 #: the upstream error of the mechanism (what the fix repairs)
 DEFECT = "Expected to mark a variable ready only once"
 
@@ -102,11 +112,16 @@ def section(all_rows: List[Dict]) -> List[str]:
            "Rendered by tools/census/ddp.py from docs/census/ddp/ (one DDP rank, gloo, CPU; tools/lab/ddp_cases.py:",
            "a tiny Llama, LoRA on q_proj/v_proj or every parameter training, each gradient after DDP's all-reduce",
            "against DDP without checkpointing). Each cell: upstream -> with hotfix. \"mark-ready twice\": upstream's",
-           f"\"{DEFECT}\" ({FIX}, docs/fixes/{FIX}.md).", ""]
+           f"\"{DEFECT}\" ({FIX}, docs/fixes/{FIX}.md). \"direct call\": a Hub-style `PreTrainedModel`",
+           "whose own forward calls the `checkpoint` its module imported (tools/lab/remote_code_model.py), through",
+           "torch's class and after unsloth's swap of its class in for torch's",
+           f"({DIRECT_FIX}, docs/fixes/{DIRECT_FIX}.md).",
+           ""]
     for torch in sorted({k[1] for k in rows}, key=Version):
         dates = sorted({r.get("date", "") for k, r in rows.items() if k[1] == torch})
         out += [f"## torch {torch} (measured {', '.join(d for d in dates if d)})", "",
-                "| transformers | torch LoRA | torch full | unsloth LoRA | unsloth full |", "|---|---|---|---|---|"]
+                "| transformers | " + " | ".join(f"{f} {COLUMNS[r]}" for f, r in CASES) + " |",
+                "|---|" + "---|" * len(CASES)]
         for release in sorted({k[0] for k in rows if k[1] == torch}, key=Version):
             cells = [f"{_word(rows.get((release, torch, f, r, False)))} -> {_word(rows.get((release, torch, f, r, True)))}"
                      for f, r in CASES]
@@ -138,7 +153,7 @@ def gate_problems(all_rows: List[Dict], patch) -> List[str]:
     rows = {_key(r): r for r in all_rows if r.get("dimension") == DIMENSION}
     out = []
     for (release, torch, function, recipe, hotfix), row in sorted(rows.items()):
-        if hotfix:
+        if hotfix or recipe == "direct":  # the direct cases are torch-ddp-find-unused's: direct_gate_problems
             continue
         where = f"{release} (torch {torch}, {function} {recipe})"
         fixed = rows.get((release, torch, function, recipe, True))
@@ -152,6 +167,30 @@ def gate_problems(all_rows: List[Dict], patch) -> List[str]:
             out.append(f"{where} is inside the range but with hotfix: {_word(fixed)}")
         if row["verdict"] == "equal" and (fixed is None or fixed["verdict"] != "equal"):
             out.append(f"{where}: upstream equal, with hotfix {_word(fixed)}")
+    return out
+
+
+def direct_gate_problems(all_rows: List[Dict], patch) -> List[str]:
+    """Where torch-ddp-find-unused's declared ranges and the direct cases' rows disagree: the census's torch and
+    unsloth-zoo releases are inside them, so upstream must show the defect and hotfix must be equal, every row."""
+    import sweep_models
+    from packaging.specifiers import SpecifierSet
+
+    declared = {m.name: m for m in patch.mechanisms}
+    rows = {_key(r): r for r in all_rows if r.get("dimension") == DIMENSION and r["case"] == "direct"}
+    out = []
+    for (release, torch, function, recipe, hotfix), row in sorted(rows.items()):
+        name, distribution = DIRECT_MECHANISMS[function]
+        version = torch if distribution == "torch" else sweep_models.UNSLOTH_ZOO
+        where = f"{release} (torch {torch}, {function} direct call, hotfix {'on' if hotfix else 'off'})"
+        if name not in declared:
+            out.append(f"{name}: not declared by {patch.name}")
+        elif not SpecifierSet(declared[name].affected[distribution]).contains(version, prereleases=True):
+            out.append(f"{where}: {distribution} {version} is outside {name}'s declared range")
+        elif hotfix and row["verdict"] != "equal":
+            out.append(f"{where}: {_word(row)}")
+        elif not hotfix and not (row["verdict"] == "crash" and DEFECT in row["detail"]):
+            out.append(f"{where} is inside the declared range but upstream: {_word(row)}")
     return out
 
 

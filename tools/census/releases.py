@@ -1,11 +1,12 @@
 """Which releases the census measures, from PyPI's upload dates (cached in pypi-releases.json; no network in CI).
 
-* transformers: the last patch release of every minor line from 4.35 to 5.23, plus the first
+* transformers: the last patch release of every minor line from 4.35 to the newest in the cache (``last_line``:
+  5.24 since 2026-11-28), plus the first
   release of each line where a declared range starts or ends inside that span (the bounds and
   ``fixed_in`` of the built-in fixes' ``mechanisms``, read from the installed hotfix) and 5.0.0
   (where 5.x changed ``enable_input_require_grads`` and the default ``use_reentrant``);
 * transformers patch releases at boundaries (``patch_lines``, tools/census/boundaries.py): every final
-  release of each line 4.35 - 5.23 that has several, for the bisect between its first and last;
+  release of each line of that span that has several, for the bisect between its first and last;
 * unsloth-zoo: every release from 2024.11.6 (the first with ``UnslothCheckpointFunction``) to the
   latest, each paired with "the transformers line it was made for": the newest transformers minor
   line whose first release was uploaded before that unsloth-zoo release (what ``pip install -U``
@@ -30,10 +31,13 @@ from packaging.version import Version
 
 HERE = Path(__file__).resolve().parent
 CACHE = HERE / "pypi-releases.json"
-FIRST_LINE, LAST_LINE = (4, 35), (5, 23)
+FIRST_LINE = (4, 35)
 FIRST_ZOO = "2024.11.6"
+#: the torch releases every census release is measured under (the tests' torch first; tools/census/add_release.py)
+CENSUS_TORCHES = ("2.13.0", "2.14.1")
 FIRST_TORCH, LAST_TORCH = (2, 4), (2, 15)
-#: the transformers release measured under every torch line: the newest
+#: the transformers release measured under every torch line: the newest when they were measured (2026-11-27;
+#: tools/census/add_release.py measures a new release under the census's torches, not every line again)
 TORCH_LINE_RELEASE = "5.23.0"
 #: first releases measured besides the declared boundaries (see the module docstring)
 EXTRA_FIRSTS = ("5.0.0",)
@@ -56,6 +60,12 @@ def _dates() -> Dict[str, Dict[str, str]]:
 def _final(version: str) -> bool:
     parsed = Version(version)
     return not (parsed.is_prerelease or parsed.is_devrelease)
+
+
+def last_line() -> Tuple[int, int]:
+    """The newest transformers minor line with a final release in the cache: a refresh that brings a new line
+    brings it into the census (and the tests then ask for its rows: tools/census/add_release.py measures them)."""
+    return max(Version(v).release[:2] for v in _dates()["transformers"] if _final(v))
 
 
 def builtin_fixes() -> List[object]:
@@ -84,7 +94,7 @@ def declared_bounds(distribution: str) -> List[str]:
 def boundary_firsts() -> List[str]:
     """The first releases of lines where a declared transformers range starts or ends, inside the span."""
     versions = {v for v in _dates()["transformers"] if _final(v)}
-    bounds = [v for v in declared_bounds("transformers") if FIRST_LINE <= Version(v).release[:2] <= LAST_LINE]
+    bounds = [v for v in declared_bounds("transformers") if FIRST_LINE <= Version(v).release[:2] <= last_line()]
     return [v for v in (*bounds, *EXTRA_FIRSTS) if v in versions]
 
 
@@ -92,9 +102,10 @@ def transformers_releases() -> List[str]:
     """The census's transformers releases, oldest first."""
     versions = [v for v in _dates()["transformers"] if _final(v)]
     last: Dict[Tuple[int, int], str] = {}
+    newest = last_line()
     for version in versions:
         line = Version(version).release[:2]
-        if FIRST_LINE <= line <= LAST_LINE and (line not in last or Version(version) > Version(last[line])):
+        if FIRST_LINE <= line <= newest and (line not in last or Version(version) > Version(last[line])):
             last[line] = version
     return sorted(set(last.values()) | set(boundary_firsts()), key=Version)
 
@@ -108,7 +119,7 @@ def line_of(version: str) -> List[str]:
 def patch_lines() -> List[List[str]]:
     """Every final release of each transformers minor line of the span that has several, oldest first."""
     firsts = {Version(v).release[:2]: v for v in _dates()["transformers"] if _final(v)}
-    found = [line_of(v) for line, v in sorted(firsts.items()) if FIRST_LINE <= line <= LAST_LINE]
+    found = [line_of(v) for line, v in sorted(firsts.items()) if FIRST_LINE <= line <= last_line()]
     return [patch_releases for patch_releases in found if len(patch_releases) > 1]
 
 

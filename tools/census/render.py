@@ -71,6 +71,8 @@ OTHER_EVIDENCE = {
     "llamafactory-unsloth-gc": "[census/forks.md](census/forks.md), every release",
     "unsloth-zoo-nonreentrant-offload": "[census/zoo-nonreentrant.md](census/zoo-nonreentrant.md), every release",
     "transformers-ddp-find-unused": "[census/ddp.md](census/ddp.md), every release, torch 2.13 and 2.14",
+    "torch-ddp-find-unused": "[census/ddp.md](census/ddp.md) (direct call), every release, torch 2.13 and 2.14",
+    "torch-checkpoint-wrapper": "[census/wrapper.md](census/wrapper.md), every release from 4.52",
 }
 
 
