@@ -10,7 +10,9 @@ one).  Cases: PEFT LoRA and full fine-tuning of a tiny Llama; a trainable parame
 checkpointed layer and a module outside that the forward never uses; gradient accumulation
 (``no_sync``); ``static_graph=True``; Whisper + LoRA without the input hook (the other transformers
 fixes act on the same calls); unsloth-zoo's ``UnslothCheckpointFunction`` (2026.10.9, on CPU, with
-unsloth's own swap); transformers' Trainer over the LoRA model, which picks
+unsloth's own swap); LlamaFactory's (0.9.5: ``use_unsloth_gc`` and its default) and axolotl's (0.19.0: ``offload``)
+checkpoint functions, turned on as each fork does (code only, loaded on CPU: tools/lab/fork_loader.py; their calls go
+through transformers' checkpoint function); transformers' Trainer over the LoRA model, which picks
 ``find_unused_parameters=True`` for a PEFT model itself (3 steps against the same Trainer without
 checkpointing: losses and LoRA weights).
 """
@@ -27,11 +29,16 @@ from conftest import LAB, MATRIX, matrix_path, repair_notices, run_python
 
 FIND_UNUSED = "Expected to mark a variable ready only once"
 ZOO = "2026.10.9"  # the latest release the matrix holds: its own backward returns every input's gradient
+#: the forks' checkpoint functions, turned on as each fork does (tools/lab/fork_loader.py): LlamaFactory's before
+#: unsloth's swap (its default wraps torch's checkpoint), axolotl's last (it replaces transformers' checkpoint)
+FORKS = {"llamafactory": "0.9.5", "axolotl": "0.19.0"}
+FORK_CASES = ["fork:llamafactory-unsloth:lora", "fork:llamafactory-torch:lora", "fork:llamafactory-unsloth:full"]
+AXOLOTL_CASES = ["fork:axolotl-offload:lora", "fork:axolotl-offload:full"]
 CASES = ["lora", "full", "lora+unused", "lora+no_sync", "lora+static_graph", "whisper-lora", "trainer-lora",
-         "unsloth:lora", "unsloth:lora+no_sync"]
+         *FORK_CASES, "unsloth:lora", "unsloth:lora+no_sync", *AXOLOTL_CASES]
 #: the cases upstream fails with DDP's error (static_graph does not search; whisper-lora fails earlier)
 FAILING_UPSTREAM = ["lora", "full", "lora+unused", "lora+no_sync", "trainer-lora", "unsloth:lora",
-                    "unsloth:lora+no_sync"]
+                    "unsloth:lora+no_sync", *FORK_CASES, *AXOLOTL_CASES]
 LAUNCH_TIMEOUT_S = 300
 
 
@@ -64,7 +71,7 @@ def torchrun(folder, cases, *, disabled=False, pythonpath=()):
 @pytest.fixture(scope="module")
 def launches(tmp_path_factory):
     folder = tmp_path_factory.mktemp("ddp")
-    zoo = [matrix_path("unsloth-zoo", ZOO)]
+    zoo = [matrix_path("unsloth-zoo", ZOO)] + [matrix_path(fork, version) for fork, version in FORKS.items()]
     with ThreadPoolExecutor(2) as pool:
         upstream = pool.submit(torchrun, folder / "upstream", CASES, disabled=True, pythonpath=zoo)
         fixed = pool.submit(torchrun, folder / "hotfix", CASES, pythonpath=zoo)

@@ -32,6 +32,10 @@ equals a zero one).  Case names: ``[unsloth:]{lora,full,whisper-lora}[+unused][+
   swap: the blocks' and the remote-code model's own ``checkpoint`` calls reach unsloth's class, as unsloth's
   own model code's do.
 
+``fork:<function>:{lora,full}``: checkpointing turned on through a fork's checkpoint function as the fork does
+(tools/lab/fork_loader.py: ``llamafactory-unsloth``, ``axolotl-offload``, ...; the release on PYTHONPATH; axolotl's
+replaces transformers' ``checkpoint`` for the process: its cases come last).
+
 ``trainer-lora``: transformers' Trainer with ``gradient_checkpointing=True`` over the LoRA model
 (the Trainer picks ``find_unused_parameters=True`` itself for a PEFT model: recorded), 3 steps,
 against the same Trainer without checkpointing: losses and every LoRA weight after training.
@@ -41,6 +45,7 @@ against the same Trainer without checkpointing: losses and every LoRA weight aft
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import os
 import sys
@@ -161,8 +166,31 @@ def plain_case(name, rank, world):
     ddp_kwargs = {"static_graph": True} if "static_graph" in options else {}
     no_sync = "no_sync" in options
     reference = ddp_step(build(recipe, "unused" in options, False), mine, no_sync, **ddp_kwargs)
-    candidate = ddp_step(build(recipe, "unused" in options, True), mine, no_sync, **ddp_kwargs)
+    if name.startswith("fork:"):  # checkpointing turned on through the fork, as the fork does
+        candidate_model = build(recipe, "unused" in options, False)
+        fork_enable(name.split(":")[1])(candidate_model)
+    else:
+        candidate_model = build(recipe, "unused" in options, True)
+    candidate = ddp_step(candidate_model, mine, no_sync, **ddp_kwargs)
     return dict(ok=True, trainable=len(reference), **report(reference, candidate))
+
+
+def fork_enable(function):
+    """tools/lab/fork_loader.py's enabler of ``function`` (a fork's checkpoint function: llamafactory-unsloth,
+    axolotl-offload, ...), the fork's release loaded from PYTHONPATH once."""
+    import fork_loader
+
+    enable, why = fork_loader.enabler(function, fork_module(fork_loader.FUNCTIONS[function][0]))
+    if enable is None:
+        raise RuntimeError(why)
+    return enable
+
+
+@functools.lru_cache(maxsize=None)
+def fork_module(fork):
+    import fork_loader
+
+    return fork_loader.load(fork)
 
 
 # --- torch's checkpoint called directly (torch-ddp-find-unused), and a mixture of experts (DDP's advice)
