@@ -156,23 +156,34 @@ def ddp_summary(out):
             "versions": next(({k: r.get(k) for k in ("torch", "transformers")} for r in runs.values() if r), {})}
 
 
-def wrapper_summary(out):
-    """The 1-GPU FSDP / FSDP2 checkpoint_wrapper cases (tools/lab/wrapper_cases.py): upstream wrong or failing, with
-    hotfix every gradient equal (docs/fixes/torch-checkpoint-wrapper.md); None when the case did not run."""
-    runs, problems, names = _rank_runs(out, "wrapper")
+def _pair_summary(out, folder, judge, versions=("torch", "transformers")):
+    """A torchrun case's upstream / hotfix pair (``_rank_runs``), each case judged by ``judge(name, upstream, hotfix)``
+    (its problems); the summary the report renders, or None when the case did not run."""
+    runs, problems, names = _rank_runs(out, folder)
     if runs is None:
         return None
     rows = []
     for name in names:
         up, fixed = ((runs[run] or {}).get("cases", {}).get(name) for run in ("upstream", "hotfix"))
         rows.append({"case": name, "upstream": up, "hotfix": fixed})
+        problems += judge(name, up, fixed)
+    return {"rows": rows, "problems": problems, "notes": [],
+            "device": next((r.get("device") for r in runs.values() if r), None),
+            "versions": next(({k: r.get(k) for k in versions} for r in runs.values() if r), {})}
+
+
+def wrapper_summary(out):
+    """The 1-GPU FSDP / FSDP2 checkpoint_wrapper cases (tools/lab/wrapper_cases.py): upstream wrong or failing, with
+    hotfix every gradient equal (docs/fixes/torch-checkpoint-wrapper.md); None when the case did not run."""
+    def judge(name, up, fixed):
+        problems = []
         if up is not None and up.get("ok") and up.get("equal"):
             problems.append(f"upstream {name}: equal, expected wrong gradients or an error (the Cache written twice)")
         if fixed is not None and not (fixed.get("ok") and fixed.get("equal")):
             problems.append(f"hotfix {name}: {_case_text(fixed)}, expected ok and every gradient equal")
-    return {"rows": rows, "problems": problems, "notes": [],
-            "device": next((r.get("device") for r in runs.values() if r), None),
-            "versions": next(({k: r.get(k) for k in ("torch", "transformers")} for r in runs.values() if r), {})}
+        return problems
+
+    return _pair_summary(out, "wrapper", judge)
 
 
 #: tools/lab/deepspeed_cases.py's cases on one GPU: what upstream does (None: trains equal), as measured on CPU
@@ -185,24 +196,17 @@ DEEPSPEED_UPSTREAM = {"zero3:whisper:reentrant": "Trying to backward through the
 
 def deepspeed_summary(out):
     """The 1-GPU DeepSpeed ZeRO-3 cases against DEEPSPEED_UPSTREAM and hotfix's equality; None when they did not run."""
-    runs, problems, names = _rank_runs(out, "deepspeed")
-    if runs is None:
-        return None
-    rows = []
-    for name in names:
-        up, fixed = ((runs[run] or {}).get("cases", {}).get(name) for run in ("upstream", "hotfix"))
-        rows.append({"case": name, "upstream": up, "hotfix": fixed})
-        expected = DEEPSPEED_UPSTREAM.get(name)
+    def judge(name, up, fixed):
+        problems, expected = [], DEEPSPEED_UPSTREAM.get(name)
         if up is not None and expected is None and not (up.get("ok") and up.get("equal")):
             problems.append(f"upstream {name}: {_case_text(up)}, expected ok and equal")
         if up is not None and expected is not None and expected not in str(up.get("error")):
             problems.append(f"upstream {name}: {_case_text(up)}, expected \"{expected}\"")
         if fixed is not None and not (fixed.get("ok") and fixed.get("equal") and fixed.get("params_equal")):
             problems.append(f"hotfix {name}: {_case_text(fixed)}, expected ok, every gradient and parameter equal")
-    return {"rows": rows, "problems": problems, "notes": [],
-            "device": next((r.get("device") for r in runs.values() if r), None),
-            "versions": next(({k: r.get(k) for k in ("torch", "transformers", "deepspeed")} for r in runs.values()
-                              if r), {})}
+        return problems
+
+    return _pair_summary(out, "deepspeed", judge, ("torch", "transformers", "deepspeed"))
 
 
 def _case_text(case):

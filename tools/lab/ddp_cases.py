@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import datetime
 import functools
-import json
 import os
 import sys
 
@@ -56,7 +55,8 @@ import torch.distributed as dist
 import transformers  # the start-up hook activates hotfix here, where installed
 
 HOTFIX_LOADED = "hotfix" in sys.modules  # nothing but the start-up hook can have loaded it
-import standalone  # noqa: E402  (tools/lab, beside this file)
+import rank_results  # noqa: E402  (tools/lab, beside this file)
+import standalone  # noqa: E402
 
 compare_rule = standalone.load("compare")  # hotfix's one rule, loaded without importing hotfix
 
@@ -411,43 +411,32 @@ def use_unsloth():
     return tuc.CheckpointFunction.__name__
 
 
+def run_one(case, rank, world, out):
+    if case.startswith("unsloth:") and "checkpoint_function" not in out:
+        out["checkpoint_function"] = use_unsloth()
+    kind = case.split(":", 1)[1] if case.startswith("unsloth:") else case  # unsloth:direct:... too
+    if case == "trainer-lora":
+        return trainer_case(rank, world)
+    if case == "sft-lora":
+        return sft_case(rank, world)
+    if kind.startswith("direct:"):
+        return direct_case(case, rank, world)
+    if case.startswith(("advice:", "probe:")):
+        return advice_case(case, rank, world)
+    return plain_case(case, rank, world)
+
+
 def main():
     result_dir, cases = sys.argv[1], sys.argv[2:]
     dist.init_process_group("gloo" if DEVICE.type == "cpu" else "nccl", timeout=datetime.timedelta(seconds=120))
     rank, world = dist.get_rank(), dist.get_world_size()
     out = {"rank": rank, "world": world, "hotfix_loaded": HOTFIX_LOADED, "device": str(DEVICE),
            "torch": torch.__version__, "transformers": transformers.__version__, "cases": {}}
-    for case in cases:
-        try:
-            if case.startswith("unsloth:") and "checkpoint_function" not in out:
-                out["checkpoint_function"] = use_unsloth()
-            kind = case.split(":", 1)[1] if case.startswith("unsloth:") else case  # unsloth:direct:... too
-            if case == "trainer-lora":
-                out["cases"][case] = trainer_case(rank, world)
-            elif case == "sft-lora":
-                out["cases"][case] = sft_case(rank, world)
-            elif kind.startswith("direct:"):
-                out["cases"][case] = direct_case(case, rank, world)
-            elif case.startswith(("advice:", "probe:")):
-                out["cases"][case] = advice_case(case, rank, world)
-            else:
-                out["cases"][case] = plain_case(case, rank, world)
-        except Exception as exc:
-            out["cases"][case] = {"ok": False, "error": compare_rule.short_error(exc)}
-        dist.barrier()
-    # One file per rank: both ranks share stdout, where lines can interleave.
-    with open(os.path.join(result_dir, "rank%d.json" % rank), "w") as f:
-        json.dump(out, f)
-    dist.barrier()  # both ranks' results written before either tears its process group down
-    dist.destroy_process_group()
+    rank_results.run_cases(out, cases, lambda case: run_one(case, rank, world, out), compare_rule.short_error,
+                           dist.barrier)
+    rank_results.write_rank_file(result_dir, out)
 
 
 if __name__ == "__main__":
     main()
-    # Leave without the interpreter's and the C++ runtime's teardown: a rank of torch 2.13's gloo on CPU can abort
-    # there ("terminate called without an active exception", SIGABRT) after its results are written and its
-    # process group destroyed, with and without hotfix alike (CI, 2026-11-27, both launches at once).  Every case
-    # ran and was recorded above; a crash inside a case is caught and recorded there.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    rank_results.leave()

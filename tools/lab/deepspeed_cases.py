@@ -20,7 +20,6 @@ mentions hotfix (the start-up hook activates it on ``import transformers``; HOTF
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
@@ -34,6 +33,7 @@ import torch.distributed as dist  # noqa: E402
 from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_grad  # noqa: E402
 
 import ddp_cases  # noqa: E402  (tools/lab, beside this file: the tiny models and hotfix's comparison rule)
+import rank_results  # noqa: E402
 
 RTOL = 1e-5
 STEPS = 2
@@ -150,20 +150,11 @@ def main():
     out = {"rank": rank, "world": world, "hotfix_loaded": HOTFIX_LOADED, "torch": torch.__version__,
            "device": accelerator.device_name(), "backend": accelerator.communication_backend_name(),
            "transformers": transformers.__version__, "deepspeed": deepspeed.__version__, "cases": {}}
-    for name in cases:
-        try:
-            out["cases"][name] = case(name, rank, world)
-        except Exception as exc:
-            out["cases"][name] = {"ok": False, "error": ddp_cases.compare_rule.short_error(exc)}
-        dist.barrier()
-    with open(os.path.join(result_dir, "rank%d.json" % rank), "w") as f:
-        json.dump(out, f)
-    dist.barrier()
-    dist.destroy_process_group()
+    rank_results.run_cases(out, cases, lambda name: case(name, rank, world), ddp_cases.compare_rule.short_error,
+                           dist.barrier)
+    rank_results.write_rank_file(result_dir, out)
 
 
 if __name__ == "__main__":
     main()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)  # as ddp_cases.py: gloo's C++ teardown can abort after the results are written
+    rank_results.leave()  # as ddp_cases.py

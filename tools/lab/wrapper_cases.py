@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import datetime
 import functools
-import json
 import os
 import sys
 
@@ -40,7 +39,8 @@ import torch.distributed as dist
 import transformers  # the start-up hook activates hotfix here, where installed
 
 HOTFIX_LOADED = "hotfix" in sys.modules  # nothing but the start-up hook can have loaded it
-import standalone  # noqa: E402  (tools/lab, beside this file)
+import rank_results  # noqa: E402  (tools/lab, beside this file)
+import standalone  # noqa: E402
 
 compare_rule = standalone.load("compare")  # hotfix's one rule, loaded without importing hotfix
 
@@ -164,24 +164,10 @@ def main():
     rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
     out = {"rank": rank, "world": world, "hotfix_loaded": HOTFIX_LOADED, "device": str(DEVICE),
            "torch": torch.__version__, "transformers": transformers.__version__, "cases": {}}
-    for case in cases:
-        try:
-            out["cases"][case] = run_case(case)
-        except Exception as exc:
-            out["cases"][case] = {"ok": False, "error": compare_rule.short_error(exc)}
-        if distributed:
-            dist.barrier()
-    with open(os.path.join(result_dir, "rank%d.json" % rank), "w") as f:
-        json.dump(out, f)
-    if distributed:
-        dist.barrier()
-        dist.destroy_process_group()
+    rank_results.run_cases(out, cases, run_case, compare_rule.short_error, dist.barrier if distributed else None)
+    rank_results.write_rank_file(result_dir, out, distributed)
 
 
 if __name__ == "__main__":
     main()
-    # As tools/lab/ddp_cases.py: leave without the runtime's teardown (gloo on CPU can abort there after the results
-    # are written).
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    rank_results.leave()  # as tools/lab/ddp_cases.py
