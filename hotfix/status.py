@@ -46,8 +46,9 @@ def state(patch: Any, opted_out: bool, active: bool, problems: Dict[str, str]) -
 
 def _doing(patch: Any, active: bool, problems: Dict[str, str]) -> str:
     """Where a fix belongs here: applied, or why not yet."""
-    if patch.applied:
-        return "APPLIED to " + ", ".join(patch.applied_targets)
+    if patch.applied:  # a fix of several targets may be applied to one and have skipped another: both are said
+        said = "APPLIED to " + ", ".join(patch.applied_targets)
+        return f"{said}; {patch.last_error}" if patch.last_error else said
     if patch.last_error:
         return patch.last_error
     failed = [problems[t] for t in patch.targets if t in problems]

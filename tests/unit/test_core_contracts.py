@@ -178,6 +178,25 @@ def test_drift_skips_with_one_line(target, caplog):
         "hotfix: patch unit-fix skipped: unit_target doesn't match: Owner is gone"]
 
 
+def test_a_fix_applied_to_one_target_and_skipped_on_another_says_both(target):
+    """A fix of two targets (torch-ddp-find-unused: torch's checkpoint module and unsloth-zoo's) applied to one whose
+    other target drifted: ``hotfix status`` says where it is applied and what it skipped, not only "APPLIED"."""
+    from hotfix.status import state
+
+    class TwoTargets(Fix):
+        targets = ("unit_target", "unit_other")
+
+        def drift(self, module):
+            return "Owner is gone" if module.__name__ == "unit_other" else None
+
+    fix = TwoTargets()
+    assert fix.apply(target)
+    assert state(fix, False, True, {}) == "APPLIED to unit_target"
+    assert fix.apply(types.ModuleType("unit_other")) is False
+    assert state(fix, False, True, {}) == "APPLIED to unit_target; skipped, target changed: Owner is gone"
+    fix.revert()
+
+
 def test_a_release_older_than_the_fix_reaches_is_not_covered_never_not_needed():
     """Outside every mechanism's range, a fix whose mechanism declares the installed release ``unreached``
     says NOT COVERED in ``hotfix status`` (the bug may be there, unrepaired); one without says not needed;
