@@ -40,28 +40,27 @@ sys.path[:0] = [str(HERE), str(REPO / "tools" / "sweep"), str(REPO / "tools" / "
 
 from packaging.version import Version  # noqa: E402
 
+import census  # noqa: E402
+import ddp  # noqa: E402
 import releases  # noqa: E402
 import runner  # noqa: E402
+import wrapper  # noqa: E402
+import zoo_nonreentrant  # noqa: E402
 
 CENSUS, DDP, WRAPPER, ZOO = HERE / "census.py", HERE / "ddp.py", HERE / "wrapper.py", HERE / "zoo_nonreentrant.py"
-#: the stores of each census (rows are read here to find what is missing)
-STORES = {"census": REPO / "docs" / "census", "ddp": REPO / "docs" / "census" / "ddp",
-          "wrapper": REPO / "docs" / "census" / "wrapper",
-          "zoo-nonreentrant": REPO / "docs" / "census" / "zoo-nonreentrant"}
+#: the stores of each census, each tool's own (rows are read here to find what is missing)
+STORES = {"census": census.STORE, "ddp": ddp.STORE, "wrapper": wrapper.STORE,
+          "zoo-nonreentrant": zoo_nonreentrant.STORE}
 
 
 def missing(torch: str) -> Dict[str, List[str]]:
     """The census releases without rows under ``torch``, per tool: census transformers / unsloth-zoo, ddp, wrapper."""
-    import wrapper
-
     census_rows = [r for r in runner.read_rows(STORES["census"]) if r["torch"] == torch and not r.get("line")]
     have = {(r["dimension"], r["release"]) for r in census_rows}
     found = {"transformers": [v for v in releases.transformers_releases() if ("transformers", v) not in have],
              "unsloth-zoo": [z for z, _ in releases.zoo_releases() if ("unsloth-zoo", z) not in have],
              "zoo-nonreentrant": []}
     if torch == releases.CENSUS_TORCHES[0]:  # unsloth-zoo-nonreentrant-offload's census: under the first only
-        import zoo_nonreentrant
-
         pairs = {(r["release"], r["transformers"]) for r in runner.read_rows(STORES["zoo-nonreentrant"])
                  if r["verdict"] != "error"}
         found["zoo-nonreentrant"] = [z for z, _ in releases.zoo_releases()

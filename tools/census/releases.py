@@ -94,7 +94,8 @@ def declared_bounds(distribution: str) -> List[str]:
 def boundary_firsts() -> List[str]:
     """The first releases of lines where a declared transformers range starts or ends, inside the span."""
     versions = {v for v in _dates()["transformers"] if _final(v)}
-    bounds = [v for v in declared_bounds("transformers") if FIRST_LINE <= Version(v).release[:2] <= last_line()]
+    newest = last_line()
+    bounds = [v for v in declared_bounds("transformers") if FIRST_LINE <= Version(v).release[:2] <= newest]
     return [v for v in (*bounds, *EXTRA_FIRSTS) if v in versions]
 
 
@@ -119,7 +120,8 @@ def line_of(version: str) -> List[str]:
 def patch_lines() -> List[List[str]]:
     """Every final release of each transformers minor line of the span that has several, oldest first."""
     firsts = {Version(v).release[:2]: v for v in _dates()["transformers"] if _final(v)}
-    found = [line_of(v) for line, v in sorted(firsts.items()) if FIRST_LINE <= line <= last_line()]
+    newest = last_line()
+    found = [line_of(v) for line, v in sorted(firsts.items()) if FIRST_LINE <= line <= newest]
     return [patch_releases for patch_releases in found if len(patch_releases) > 1]
 
 
