@@ -88,6 +88,8 @@ print(json.dumps(out))
 #: a fork's release in the matrix, for the fixes of its checkpointer; a release holds one of the fix's
 #: alternative targets (the module moved between releases): the first, today's layout
 FORKS = {"llamafactory": "0.9.5", "axolotl": "0.19.0"}
+#: a release in a fix's range of a distribution the test venv lacks (gated on it, the fix applies only beside it)
+BESIDE = {"deepspeed": "0.19.2"}
 
 
 def _patches():
@@ -97,7 +99,12 @@ def _patches():
                   for name, patch in registry.patches().items())
 
 
-def _pythonpath(targets):
+def _pythonpath(name, targets):
+    from hotfix.registry import registry
+
+    beside = [matrix_path(dist, BESIDE[dist]) for dist in registry.patches()[name].distributions if dist in BESIDE]
+    if beside:
+        return beside
     if any(t.startswith("unsloth_zoo") for t in targets):
         return [matrix_path("unsloth-zoo", "2025.11.3"), TESTS]  # in range for both zoo fixes
     fork = targets[0].split(".")[0]
@@ -108,7 +115,7 @@ def _pythonpath(targets):
 
 def _run(name, targets, order):
     proc = run_python(["-c", CHILD, name, order, ",".join(targets)], env={"OMP_NUM_THREADS": "1"},
-                      pythonpath=_pythonpath(targets), timeout=300)
+                      pythonpath=_pythonpath(name, targets), timeout=300)
     lines = json_lines(proc.stdout)
     assert lines, proc.stderr[-3000:]
     return lines[0]

@@ -18,10 +18,10 @@ steps are compared (a parameter without gradient equals only one without).
   upstream the seed bug; with hotfix its losses and every parameter after two steps equal the Trainer without
   checkpointing.
 
-DeepSpeed 0.19.2 (before its own fix of ZeRO-3 + non-reentrant checkpointing with frozen parameters): that
-CheckpointError, with hotfix too (not repaired yet: issue 42, part 3), and reentrant checkpointing with hotfix as
-the workaround that trains equal.  Not here yet: the census over DeepSpeed lines (part 2), DeepSpeed's own
-activation checkpointing (part 4).
+DeepSpeed 0.19.2 (before its own fix of ZeRO-3 + non-reentrant checkpointing with frozen parameters): upstream that
+CheckpointError ("Recomputed values ... different metadata": Llama LoRA, Whisper LoRA, and through the Trainer); with
+hotfix (deepspeed-zero3-frozen-recompute) every gradient and parameter equal, as is reentrant checkpointing with
+hotfix (the workaround before the fix).  Not here: DeepSpeed's own activation checkpointing (issue 42, part 4).
 """
 
 from __future__ import annotations
@@ -54,9 +54,10 @@ TIMEOUT_S = 600
 BEFORE_FIX = "0.19.2"
 FROZEN_PARAMETER_ERROR = "Recomputed values for the following tensors have different metadata"
 CASES_BEFORE_FIX = {
-    "zero3:lora:nonreentrant": FROZEN_PARAMETER_ERROR,  # not repaired by hotfix (issue 42, part 3)
-    "zero3:lora:reentrant": None,  # the workaround
-    "zero3:whisper-lora:reentrant": None,  # the workaround, where reentrant needs hotfix's frozen-inputs repair
+    "zero3:lora:nonreentrant": FROZEN_PARAMETER_ERROR,
+    "zero3:whisper-lora:nonreentrant": FROZEN_PARAMETER_ERROR,
+    "zero3:lora:reentrant": None,  # the workaround before hotfix repaired the rest
+    "zero3:whisper-lora:reentrant": None,  # the same, where reentrant needs hotfix's frozen-inputs repair
 }
 
 
@@ -93,7 +94,10 @@ def launches(tmp_path_factory):
         fixed = pool.submit(torchrun, folder / "hotfix", disabled=False)
         before = pool.submit(torchrun, folder / "before-fix", disabled=False, deepspeed=BEFORE_FIX,
                              cases=tuple(CASES_BEFORE_FIX))
-        return {"upstream": upstream.result(), "hotfix": fixed.result(), "before-fix": before.result()}
+        before_upstream = pool.submit(torchrun, folder / "before-fix-upstream", disabled=True, deepspeed=BEFORE_FIX,
+                                      cases=tuple(c for c, failure in CASES_BEFORE_FIX.items() if failure))
+        return {"upstream": upstream.result(), "hotfix": fixed.result(), "before-fix": before.result(),
+                "before-fix-upstream": before_upstream.result()}
 
 
 def test_upstream_whisper_fails_under_zero_2_and_3_and_the_rest_trains_equal(launches):
@@ -121,17 +125,38 @@ def test_with_hotfix_every_gradient_and_parameter_equals_the_same_stage_without_
     assert "transformers-checkpoint-layer-io" in said and "transformers-frozen-inputs" in said, said
 
 
-def test_before_deepspeeds_own_fix_zero3_non_reentrant_fails_and_reentrant_with_hotfix_is_the_workaround(launches):
-    """DeepSpeed 0.19.2, ZeRO-3, LoRA (frozen base parameters): torch's non-reentrant checkpoint keeps the frozen
-    parameters ZeRO-3 empties after the recomputed forward ("Recomputed values ... different metadata"), with hotfix
-    too: hotfix does not repair it (yet).  Reentrant checkpointing with hotfix trains equal (Llama LoRA; Whisper LoRA
-    without the input hook, which reentrant checkpointing alone would leave without gradients)."""
-    results, _ = launches["before-fix"]
+def test_before_deepspeeds_own_fix_zero3_non_reentrant_with_frozen_parameters_fails_upstream(launches):
+    """DeepSpeed 0.19.2, ZeRO-3, LoRA (frozen base parameters), non-reentrant: torch's recomputation saves a frozen
+    parameter as itself and ZeRO-3 partitions it after the recomputed forward ("Recomputed values ... different
+    metadata")."""
+    results, stderr = launches["before-fix-upstream"]
+    for rank, result in results.items():
+        assert result["hotfix_loaded"] is False and result["deepspeed"] == BEFORE_FIX
+        for case, failure in CASES_BEFORE_FIX.items():
+            if failure:
+                found = result["cases"][case]
+                assert not found["ok"] and failure in found["error"], (rank, case, found)
+    assert repair_notices(stderr) == []
+
+
+def test_before_deepspeeds_own_fix_hotfix_trains_every_case_equal(launches):
+    """The same cases with hotfix (deepspeed-zero3-frozen-recompute: the frozen parameters saved as aliases of their
+    gathered data), and reentrant checkpointing with hotfix (the workaround before that fix; Whisper LoRA without
+    the input hook, which reentrant checkpointing alone leaves without gradients): every gradient and parameter
+    equal to ZeRO-3 without checkpointing."""
+    results, stderr = launches["before-fix"]
     for rank, result in results.items():
         assert result["hotfix_loaded"] is True and result["deepspeed"] == BEFORE_FIX
-        for case, failure in CASES_BEFORE_FIX.items():
+        for case in CASES_BEFORE_FIX:
             found = result["cases"][case]
-            if failure is None:
-                assert found["ok"] and found["equal"] and found["params_equal"], (rank, case, found)
-            else:
-                assert not found["ok"] and failure in found["error"], (rank, case, found)
+            assert found["ok"] and found["equal"] and found["missing"] == 0, (rank, case, found)
+            assert found["params_equal"], (rank, case, found["params_summary"])
+    said = "\n".join(repair_notices(stderr))
+    assert "deepspeed-zero3-frozen-recompute" in said, said
+
+
+def test_from_deepspeeds_own_fix_on_hotfix_leaves_zero3_to_it(launches):
+    """DeepSpeed 0.19.8 has its own fix: hotfix's is not applied there (the same cases train equal, above), and never
+    says it repaired one."""
+    results, stderr = launches["hotfix"]
+    assert "deepspeed-zero3-frozen-recompute" not in "\n".join(repair_notices(stderr))

@@ -5,7 +5,9 @@
 CPU (DeepSpeed's CPU accelerator, gloo where oneCCL is absent; the caller sets loopback: MASTER_ADDR=127.0.0.1,
 GLOO_SOCKET_IFNAME=lo), or where DeepSpeed's accelerator is CUDA the rank's GPU and NCCL (the GPU kit's 1-GPU
 case), with DeepSpeed on PYTHONPATH (installed from its sdist with DS_BUILD_OPS=0: no C++ op is
-built).  Case names: ``zero{2,3}:{lora,full,whisper,whisper-lora}:{reentrant,nonreentrant}``, and
+built).  Case names: ``zero{2,3}:{lora,full,whisper,whisper-lora}:{reentrant,nonreentrant,deepspeed}`` (``deepspeed``:
+DeepSpeed's own ``deepspeed.checkpointing.checkpoint`` as the layers' checkpoint function, set as a user would with
+transformers' ``_set_gradient_checkpointing``), and
 ``trainer-zero{2,3}:whisper:{reentrant,nonreentrant}``: transformers' Seq2SeqTrainer with a ``deepspeed`` config
 (its losses compared where the other cases compare gradients).  Each case builds the model
 twice, the same seed, and trains each through ``deepspeed.initialize`` (fp32, a client SGD optimizer, each rank on
@@ -54,7 +56,10 @@ def model_for(recipe: str, mode: str):
         model = tiny_models.whisper()[0]
     else:
         model = ddp_cases.build(recipe, False, False)
-    if mode != "none":
+    if mode == "deepspeed":  # DeepSpeed's own checkpoint function in transformers' place (issue 42, part 4)
+        model.gradient_checkpointing_enable()
+        model._set_gradient_checkpointing(enable=True, gradient_checkpointing_func=deepspeed.checkpointing.checkpoint)
+    elif mode != "none":
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": mode == "reentrant"})
     return model
 
