@@ -4,7 +4,8 @@
   carry list within 64 MiB with the working tree, and ``scripts/gpu/run --dry-run`` on what it
   built: every step of every part (installs from the carry, environment with the hotfix file
   imported from outside the checkout, the GPU tests' collection, the sanitizer's releases, the
-  benchmark's and the fit search's plans, the soak, compile, DDP and non-reentrant commands, the
+  benchmark's and the fit search's plans, the soak, compile, DDP, DeepSpeed (0.19.8 and 0.19.2, each
+  installed into its own folder) and non-reentrant commands, the
   seed's FastModel flow installed and its GPU test run, skipping without CUDA, the report) with
   only what needs CUDA stubbed;
 * ``scripts/gpu/run --plan``: one device call per part with its carry list;
@@ -12,7 +13,9 @@
   line) reads as proving nothing, the recorded ratios come back;
 * the report's verdicts on the 1-GPU DDP case and the non-reentrant-default case (rows of the CPU
   runs' shape): as expected, and not as expected when hotfix loses a case, a routed call bypasses
-  unsloth's function or upstream does not fail; a Trainer outside DDP is a note, not a pass;
+  unsloth's function or upstream does not fail; a Trainer outside DDP is a note, not a pass; and on the
+  DeepSpeed ZeRO-3 cases, 0.19.8's and 0.19.2's (before DeepSpeed's own fix: upstream's frozen-parameter
+  error, hotfix's "repaired" line, the release each run reports);
 * the carry size check: working tree + carried folders against 64 MiB;
 * ``scripts/gpu/run --cpu-selftest --part tests``: the GPU tests themselves on the CPU seam under
   the deterministic setup: upstream crashes, hotfix's gradients equal at 1e-6 (noise floor 0) and
@@ -55,7 +58,7 @@ def _git_tree(root, files):
 
 def test_carry_size_counts_tree_and_carry_against_the_limit(tmp_path):
     _git_tree(tmp_path, {"src/a.py": 3 << 20, "untracked.txt": 1 << 20, ".whl/base/big.whl": 30 << 20,
-                         ".whl/t5/t.whl": 10 << 20, ".whl/ds/d.whl": 1 << 20})
+                         ".whl/t5/t.whl": 10 << 20, ".whl/ds/d.whl": 1 << 20, ".whl/ds192/d.whl": 1 << 20})
     folders = [str(tmp_path / ".whl" / "base"), str(tmp_path / ".whl" / "t5")]
     tree, carried, ok = carry_size.check(str(tmp_path), folders)
     assert tree == (4 << 20) + len("/.whl/\n") and carried == 40 << 20 and ok
@@ -101,10 +104,49 @@ def test_report_judges_the_deepspeed_cases(tmp_path):
     assert report.deepspeed_summary(str(tmp_path))["problems"] == []
     fixed["zero3:whisper:reentrant"] = dict(equal, params_equal=False)
     (tmp_path / "deepspeed" / "hotfix" / "rank0.json").write_text(json.dumps(
-        {"rank": 0, "world": 1, "hotfix_loaded": True, "cases": fixed}))
+        {"rank": 0, "world": 1, "hotfix_loaded": True, "cases": fixed, "deepspeed": "0.19.8"}))
     problems = report.deepspeed_summary(str(tmp_path))["problems"]
     assert len(problems) == 1 and problems[0].startswith("hotfix zero3:whisper:reentrant"), problems
     assert report.deepspeed_summary(str(tmp_path / "none")) is None
+    assert report.deepspeed_before_fix_summary(str(tmp_path)) is None  # the 0.19.2 launches did not run
+
+
+SAID = "hotfix: repaired a non-reentrant checkpoint ... (deepspeed-zero3-frozen-recompute, ...)"
+
+
+def _deepspeed_before_fix_runs(tmp, upstream, fixed, release=report.DEEPSPEED_BEFORE_FIX, said=SAID):
+    for run, loaded, cases, log in (("upstream", False, upstream, "no repair\n"), ("hotfix", True, fixed, said + "\n")):
+        folder = tmp / f"deepspeed-{report.DEEPSPEED_BEFORE_FIX}" / run
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "rank0.json").write_text(json.dumps({"rank": 0, "world": 1, "hotfix_loaded": loaded, "cases": cases,
+                                                       "device": "cuda", "deepspeed": release}))
+        (folder / "log.txt").write_text(log)
+
+
+def test_report_judges_the_deepspeed_cases_before_its_own_fix(tmp_path):
+    # DeepSpeed 0.19.2: upstream the frozen-parameter error in the non-reentrant LoRA cases, reentrant equal; with
+    # hotfix every case equal and deepspeed-zero3-frozen-recompute's repaired line in the hotfix run's log
+    equal = {"ok": True, "equal": True, "params_equal": True, "summary": "8/8 parameter gradients equal"}
+    upstream = {name: equal if failure is None else {"ok": False, "error": f"CheckpointError: ... {failure} ..."}
+                for name, failure in report.DEEPSPEED_BEFORE_FIX_UPSTREAM.items()}
+    assert [name for name, failure in report.DEEPSPEED_BEFORE_FIX_UPSTREAM.items() if failure] == [
+        "zero3:lora:nonreentrant", "zero3:whisper-lora:nonreentrant"]
+    fixed = {name: dict(equal) for name in upstream}
+    _deepspeed_before_fix_runs(tmp_path, upstream, fixed)
+    found = report.deepspeed_before_fix_summary(str(tmp_path))
+    assert found["problems"] == [] and found["release"] == "0.19.2" and len(found["rows"]) == 3, found
+    text = report.markdown({}, {"ran": False}, {}, {}, deepspeed_before_fix=found)
+    assert "## DeepSpeed 0.19.2 ZeRO-3" in text and "fails: " + report.FROZEN_PARAMETER_ERROR in text, text
+    # upstream trains where it should fail, hotfix loses a case, no repaired line, the wrong release: each a problem
+    lost = {"zero3:whisper-lora:nonreentrant": upstream["zero3:whisper-lora:nonreentrant"]}
+    _deepspeed_before_fix_runs(tmp_path, dict(upstream, **{"zero3:lora:nonreentrant": equal}), dict(fixed, **lost),
+                               said="nothing")
+    problems = report.deepspeed_before_fix_summary(str(tmp_path))["problems"]
+    assert [p.split(":")[0] for p in problems] == ["upstream zero3", "hotfix zero3", "hotfix"], problems
+    assert "deepspeed-zero3-frozen-recompute" in problems[2], problems
+    _deepspeed_before_fix_runs(tmp_path, upstream, fixed, release="0.19.8")
+    problems = report.deepspeed_before_fix_summary(str(tmp_path))["problems"]
+    assert len(problems) == 2 and all("expected 0.19.2" in p for p in problems), problems
 
 
 def test_report_judges_the_ddp_and_non_reentrant_cases(tmp_path):
@@ -176,7 +218,7 @@ def test_build_carry_then_dry_run_takes_every_step_of_every_part(tmp_path):
     assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
     names = sorted(f"{path.parent.name}/{path.name}" for path in carry.glob("*/*.whl"))
     for prefix in ["base/hotfix_checkpoint-", "base/transformers-4.56.2-", "base/tokenizers-", "base/huggingface_hub-",
-                   "t5/transformers-5.23.0-", "ds/deepspeed-0.19.8-", "ds/pydantic-"] + [
+                   "t5/transformers-5.23.0-", "ds/deepspeed-0.19.8-", "ds/pydantic-", "ds192/deepspeed-0.19.2-"] + [
                    f"base/unsloth_zoo-{version}-" for version in _matrix_zoo_releases()]:
         assert any(name.startswith(prefix) for name in names), (prefix, names)
     for name, tree, carried, fits in parts.check_carry(str(carry), str(REPO)):
@@ -206,6 +248,14 @@ def test_build_carry_then_dry_run_takes_every_step_of_every_part(tmp_path):
     assert "ddp_cases.py" in proc.stdout and "lora+no_sync" in proc.stdout
     assert "deepspeed_cases.py" in proc.stdout and "trainer-zero3:whisper:reentrant" in proc.stdout
     assert (site / "deepspeed" / "deepspeed" / "__init__.py").is_file()
+    # DeepSpeed 0.19.2 (before its own fix) in its own folder, with what it needs, launched upstream and with hotfix
+    assert (site / "deepspeed-0.19.2" / "deepspeed-0.19.2.dist-info").is_dir()
+    assert (site / "deepspeed-0.19.2" / "pydantic").is_dir()
+    assert not (site / "deepspeed" / "deepspeed-0.19.2.dist-info").exists()
+    for run in ("upstream", "hotfix"):
+        cases = "zero3:lora:nonreentrant zero3:whisper-lora:nonreentrant zero3:lora:reentrant"
+        assert f"deepspeed 0.19.2 ({run}): PYTHONPATH=" in proc.stdout, proc.stdout
+        assert f"deepspeed-0.19.2/{run} {cases}" in proc.stdout, proc.stdout
     for child in ("nonreentrant 2025.11.5 hotfix:default", "nonreentrant 2026.10.9 upstream:reentrant"):
         assert child in proc.stdout, child
     # the seed's flow: unsloth installed from the carry, its GPU test run from outside the checkout (no CUDA: skipped)

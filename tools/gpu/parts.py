@@ -13,6 +13,8 @@ with its installs, and carries only the folders it needs (scripts/gpu/build-carr
             every unsloth-zoo release of tests/matrix.txt
   t5/       transformers 5.23.0 (activation_checkpointing_enable; the image has 5.17.0)
   ds/       DeepSpeed 0.19.8 (built without C++ ops) and the pure-Python packages it needs (extras' ZeRO-3 case)
+  ds192/    DeepSpeed 0.19.2's wheel alone (built the same way; the packages it needs come from ds/): extras' ZeRO-3
+            cases before DeepSpeed's own fix of non-reentrant checkpointing with frozen parameters
   unsloth/  unsloth and the pure-Python packages the image lacks (tools/gpu/unsloth-carry.txt)
 
 Estimates are for an H100 and come from the 2026-11-25 logs (../shared/gpu-runs/2026-11-25/ and
@@ -68,16 +70,19 @@ PARTS = (
          "benchmark, large-v3 dims, bf16, LoRA r=64, batches 1,8,64: 9 variants one after the other, "
          "including the step-1 anchor (upstream 2025.11.5 on a shape it trains) and transformers 5.23's offload",
          "9 variants x ~35 s (32-69 s each over six batch sizes in the kit; three now), stops at 430 s"),
-    Part("extras", ("base", "t5", "ds"), 270,
+    Part("extras", ("base", "t5", "ds", "ds192"), 280,
          "soak (80 AdamW steps: hotfix + 2025.11.3, use_reentrant=False, upstream 2025.11.3, at once); then at once: "
          "torch.compile (inductor) over checkpointed models (tools/lab/compile_case.py), 1-GPU DDP with "
          "find_unused_parameters=True, upstream and hotfix (tools/lab/ddp_cases.py under torchrun, 7 cases), and "
          "unsloth's offload under transformers 5.23's non-reentrant default and TRL's kwargs on unsloth-zoo "
          "2025.11.5 and 2026.10.9 (tools/gpu/nonreentrant.py, 10 children 5 at a time), and DeepSpeed ZeRO-3 on "
-         "one GPU, upstream and hotfix (tools/lab/deepspeed_cases.py under torchrun, 4 cases)",
+         "one GPU, upstream and hotfix (tools/lab/deepspeed_cases.py under torchrun: DeepSpeed 0.19.8, 4 cases; "
+         "DeepSpeed 0.19.2, before its own fix, 3 cases: LoRA non-reentrant, where upstream fails and "
+         "deepspeed-zero3-frozen-recompute repairs, and reentrant)",
          "soak runs 41-64 s each alone (soak.txt), 3 at once ~100 s; compile 5-30 s per first step plus start-up "
          "(compile.txt); DDP and non-reentrant children are tiny models or single steps, mostly import time (CPU: "
-         "DDP 16 s per run, a non-reentrant child ~30 s on 2 loaded cores); installs 25 s"),
+         "DDP 16 s per run, a non-reentrant child ~30 s on 2 loaded cores); the DeepSpeed launches (4, beside the "
+         "rest) tiny models, mostly import time; installs 25 s"),
     Part("fit", ("base", "t5"), 330,
          "largest batch per variant (non-reentrant, hotfix + 2025.11.3, transformers 5.23 offload, none), "
          "one step per probe, 60 s per probe, 100 s per variant",

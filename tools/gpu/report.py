@@ -5,7 +5,9 @@
 Reads whatever the part wrote: environment.json (tools/gpu/environment.py), gpu-tests.xml
 (pytest's junit file), sanitizer.txt, bench.json (tools/gpu/bench.py), soak.jsonl
 (tools/gpu/soak.py), compile.jsonl (tools/lab/compile_case.py), ddp/{upstream,hotfix}/rank0.json
-(tools/lab/ddp_cases.py under torchrun, one GPU), nonreentrant.jsonl (tools/gpu/nonreentrant.py),
+(tools/lab/ddp_cases.py under torchrun, one GPU), wrapper/ and deepspeed/ (the same form: wrapper_cases.py,
+deepspeed_cases.py on DeepSpeed 0.19.8), deepspeed-0.19.2/{upstream,hotfix}/rank0.json and log.txt
+(deepspeed_cases.py on DeepSpeed 0.19.2), nonreentrant.jsonl (tools/gpu/nonreentrant.py),
 fit.json (tools/gpu/fit.py), unsloth-tests.xml and unsloth-flow.jsonl (tests/versions/
 test_unsloth_gpu.py, tools/gpu/unsloth_flow.py).
 The targets are reported, never asserted:
@@ -194,10 +196,27 @@ DEEPSPEED_UPSTREAM = {"zero3:whisper:reentrant": "Trying to backward through the
                       "trainer-zero3:whisper:reentrant": "Trying to backward through the graph a second time"}
 
 
-def deepspeed_summary(out):
-    """The 1-GPU DeepSpeed ZeRO-3 cases against DEEPSPEED_UPSTREAM and hotfix's equality; None when they did not run."""
+#: the last DeepSpeed release before its own fix (0.19.3, deepspeedai/DeepSpeed#8148) of ZeRO-3 + non-reentrant
+#: checkpointing with frozen parameters, and its cases on one GPU (scripts/gpu/run's ds192_cases): what upstream does
+#: (None: trains equal), as measured on CPU (tests/e2e/test_deepspeed.py, 2 ranks; the kit's 3 cases with 1 rank by
+#: hand, 2026-11-28); with hotfix every case trains, gradients and parameters equal, and the hotfix run says it
+#: repaired with DEEPSPEED_FIX (docs/fixes/deepspeed-zero3-frozen-recompute.md)
+DEEPSPEED_BEFORE_FIX = "0.19.2"
+FROZEN_PARAMETER_ERROR = "Recomputed values for the following tensors have different metadata"
+DEEPSPEED_BEFORE_FIX_UPSTREAM = {"zero3:lora:nonreentrant": FROZEN_PARAMETER_ERROR,
+                                 "zero3:whisper-lora:nonreentrant": FROZEN_PARAMETER_ERROR,
+                                 "zero3:lora:reentrant": None}  # reentrant: the workaround before the fix
+DEEPSPEED_FIX = "deepspeed-zero3-frozen-recompute"
+REPAIRED = "hotfix: repaired"
+
+
+def deepspeed_summary(out, folder="deepspeed", expected_upstream=None, release="0.19.8"):
+    """The 1-GPU DeepSpeed ZeRO-3 cases in ``folder`` against ``expected_upstream`` (DEEPSPEED_UPSTREAM by default),
+    hotfix's equality and the DeepSpeed ``release`` each run reports; None when they did not run."""
+    expected_upstream = DEEPSPEED_UPSTREAM if expected_upstream is None else expected_upstream
+
     def judge(name, up, fixed):
-        problems, expected = [], DEEPSPEED_UPSTREAM.get(name)
+        problems, expected = [], expected_upstream.get(name)
         if up is not None and expected is None and not (up.get("ok") and up.get("equal")):
             problems.append(f"upstream {name}: {_case_text(up)}, expected ok and equal")
         if up is not None and expected is not None and expected not in str(up.get("error")):
@@ -206,7 +225,41 @@ def deepspeed_summary(out):
             problems.append(f"hotfix {name}: {_case_text(fixed)}, expected ok, every gradient and parameter equal")
         return problems
 
-    return _pair_summary(out, "deepspeed", judge, ("torch", "transformers", "deepspeed"))
+    found = _pair_summary(out, folder, judge, ("torch", "transformers", "deepspeed"))
+    if found is None:
+        return None
+    for run in ("upstream", "hotfix"):
+        data = _load(os.path.join(out, folder, run, "rank0.json"), None)
+        if data is not None and data.get("deepspeed") != release:
+            found["problems"].append(f"{run}: DeepSpeed {data.get('deepspeed')}, expected {release} "
+                                     f"(the wrong release on PYTHONPATH: the cases show nothing about {release})")
+    found["release"] = release
+    return found
+
+
+def deepspeed_before_fix_summary(out):
+    """The 1-GPU ZeRO-3 cases on DeepSpeed 0.19.2 (``deepspeed-0.19.2/``): upstream as DEEPSPEED_BEFORE_FIX_UPSTREAM,
+    with hotfix every case equal, and the launches' logs (log.txt beside rank0.json): the hotfix run's "repaired"
+    line names DEEPSPEED_FIX, upstream's says no repair; None when they did not run."""
+    folder = f"deepspeed-{DEEPSPEED_BEFORE_FIX}"
+    found = deepspeed_summary(out, folder, DEEPSPEED_BEFORE_FIX_UPSTREAM, DEEPSPEED_BEFORE_FIX)
+    if found is None:
+        return None
+    for run, want in (("upstream", False), ("hotfix", True)):
+        try:
+            said = [line for line in open(os.path.join(out, folder, run, "log.txt"), errors="replace")
+                    if line.startswith(REPAIRED)]
+        except OSError:
+            found["notes"].append(f"{run}: no log.txt, the repaired lines not checked")
+            continue
+        named = any(DEEPSPEED_FIX in line for line in said)
+        if want and not named:
+            found["problems"].append(f"hotfix: no \"{REPAIRED} ...{DEEPSPEED_FIX}\" line in {folder}/hotfix/log.txt "
+                                     f"(the fix did not repair these cases, or its line was silenced)")
+        if not want and said:
+            found["problems"].append(f"upstream: hotfix said it repaired (HOTFIX_DISABLE=1 not honoured): "
+                                     f"{said[0][:200]}")
+    return found
 
 
 def _case_text(case):
@@ -312,7 +365,7 @@ def _label(run):
 
 
 def markdown(env, tests, bench, found, sanitizer=None, soak=None, compiled=None, fit=None, ddp=None, routing=None,
-             unsloth=None, wrapper=None, deepspeed=None):
+             unsloth=None, wrapper=None, deepspeed=None, deepspeed_before_fix=None):
     lines = ["# GPU kit results", ""]
     lines += [f"- {k}: {v}" for k, v in env.items() if k != "installed"]
     for folder, versions in env.get("installed", {}).items():
@@ -381,6 +434,10 @@ def markdown(env, tests, bench, found, sanitizer=None, soak=None, compiled=None,
         lines += _wrapper_markdown(wrapper)
     if deepspeed is not None:
         lines += _deepspeed_markdown(deepspeed)
+    if deepspeed_before_fix is not None:
+        lines += _deepspeed_markdown(
+            deepspeed_before_fix, f"DeepSpeed {DEEPSPEED_BEFORE_FIX} ZeRO-3 (before its own fix), frozen parameters, "
+            f"one GPU (tools/lab/deepspeed_cases.py; {DEEPSPEED_FIX})", DEEPSPEED_BEFORE_FIX_UPSTREAM)
     if routing is not None:
         lines += _routing_markdown(routing)
     if unsloth is not None:
@@ -420,12 +477,14 @@ def _wrapper_markdown(wrapper):
     return lines + _verdict_lines(wrapper["problems"], wrapper["notes"])
 
 
-def _deepspeed_markdown(deepspeed):
-    lines = ["", "## DeepSpeed ZeRO-3, one GPU (tools/lab/deepspeed_cases.py)", "",
+def _deepspeed_markdown(deepspeed, title="DeepSpeed ZeRO-3, one GPU (tools/lab/deepspeed_cases.py)",
+                        expected_upstream=None):
+    expected_upstream = DEEPSPEED_UPSTREAM if expected_upstream is None else expected_upstream
+    lines = ["", f"## {title}", "",
              f"device {deepspeed['device']}, " + ", ".join(f"{k} {v}" for k, v in deepspeed["versions"].items()), "",
              "| case | upstream | hotfix | upstream expected |", "|---|---|---|---|"]
     for row in deepspeed["rows"]:
-        expected = DEEPSPEED_UPSTREAM.get(row["case"])
+        expected = expected_upstream.get(row["case"])
         lines.append(f"| {row['case']} | {_case_text(row['upstream'])} | {_case_text(row['hotfix'])} | "
                      f"{'ok, equal' if expected is None else 'fails: ' + expected} |")
     return lines + _verdict_lines(deepspeed["problems"], deepspeed["notes"])
@@ -490,13 +549,16 @@ def main(argv=None):
     ddp = ddp_summary(out)
     wrapper = wrapper_summary(out)
     deepspeed = deepspeed_summary(out)
+    deepspeed_before_fix = deepspeed_before_fix_summary(out)
     routing = nonreentrant_summary(os.path.join(out, "nonreentrant.jsonl"))
     unsloth = unsloth_summary(out)
     with open(os.path.join(out, "results.json"), "w") as handle:
         json.dump({"environment": env, "tests": tests, "bench": bench, "targets": found, "sanitizer": sanitizer,
                    "soak": soak, "compile": compiled, "fit": fit, "ddp": ddp, "nonreentrant": routing,
-                   "unsloth": unsloth, "wrapper": wrapper, "deepspeed": deepspeed}, handle, indent=1)
-    text = markdown(env, tests, bench, found, sanitizer, soak, compiled, fit, ddp, routing, unsloth, wrapper, deepspeed)
+                   "unsloth": unsloth, "wrapper": wrapper, "deepspeed": deepspeed,
+                   "deepspeed_before_fix": deepspeed_before_fix}, handle, indent=1)
+    text = markdown(env, tests, bench, found, sanitizer, soak, compiled, fit, ddp, routing, unsloth, wrapper, deepspeed,
+                    deepspeed_before_fix)
     with open(os.path.join(out, "report.md"), "w") as handle:
         handle.write(text)
     print(text)
