@@ -22,7 +22,8 @@ SLOT_ORDER: Tuple[str, ...] = (
     "unsloth-zoo-nonreentrant-offload",  # makes a non-reentrant call reentrant: the others then see a reentrant call
     "transformers-checkpoint-layer-io",  # sees the partial as transformers made it; lifts what it hides
     "transformers-frozen-inputs",  # anchors a layer no input of which needs grad (lifted inputs count)
-    "transformers-ddp-find-unused",  # innermost: adds the layer's trainable parameters as the last inputs
+    "transformers-ddp-find-unused",  # adds the layer's trainable parameters as the last inputs
+    "deepspeed-checkpoint-outputs",  # innermost: sees the function handed to DeepSpeed's checkpoint, as handed
 )
 
 # Where one fix relies on another (``Reliance.where``; the keys a fix passes to ``relied_on``).

@@ -10,7 +10,7 @@ How this fixes it: inside such a DDP module's forward (not static_graph, not no_
 reentrant call of a layer with trainable parameters passes them as extra checkpoint inputs; the
 recomputation runs the layer with the checkpoint's detached copies in their places, so each
 gradient reaches its parameter once, through the node DDP saw.  A slot (``checkpointing.slot``),
-innermost (``hotfix.relations.SLOT_ORDER``); a first input that must need grad gets an anchor (``FirstInputRule``).
+inside the others (``hotfix.relations.SLOT_ORDER``); a first input that must need grad gets an anchor (``FirstInputRule``).
 docs/fixes/transformers-ddp-find-unused.md.
 """
 

@@ -16,12 +16,16 @@ steps are compared (a parameter without gradient equals only one without).
 * non-reentrant Whisper: equal both ways;
 * transformers' Seq2SeqTrainer with a ZeRO-3 ``deepspeed`` config (DeepSpeed's AdamW), tiny Whisper, reentrant:
   upstream the seed bug; with hotfix its losses and every parameter after two steps equal the Trainer without
-  checkpointing.
+  checkpointing;
+* DeepSpeed's own ``deepspeed.checkpointing.checkpoint`` as the layers' checkpoint function (transformers'
+  ``_set_gradient_checkpointing``), tiny Whisper full and LoRA: upstream the layer's ``(hidden_states,)`` comes back
+  bare ("not enough values to unpack"); with hotfix (deepspeed-checkpoint-outputs, with the keyword and
+  frozen-input repairs, which DeepSpeed's function needs as torch's reentrant one does) equal.
 
 DeepSpeed 0.19.2 (before its own fix of ZeRO-3 + non-reentrant checkpointing with frozen parameters): upstream that
 CheckpointError ("Recomputed values ... different metadata": Llama LoRA, Whisper LoRA, and through the Trainer); with
 hotfix (deepspeed-zero3-frozen-recompute) every gradient and parameter equal, as is reentrant checkpointing with
-hotfix (the workaround before the fix).  Not here: DeepSpeed's own activation checkpointing (issue 42, part 4).
+hotfix (the workaround before the fix).
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from conftest import LAB, matrix_path, repair_notices, run_python
 DEEPSPEED = "0.19.8"
 BACKWARD_TWICE = "Trying to backward through the graph a second time"
 NO_GRAD_FN = "loss must be a scalar tensor"
+TUPLE_OF_ONE = "not enough values to unpack"  # DeepSpeed's checkpoint hands Whisper's (hidden_states,) back bare
 #: case -> what upstream does (None: trains equal)
 CASES = {
     "zero2:whisper:reentrant": BACKWARD_TWICE,
@@ -47,6 +52,9 @@ CASES = {
     "zero3:lora:nonreentrant": None,
     "zero2:full:reentrant": None,
     "trainer-zero3:whisper:reentrant": BACKWARD_TWICE,
+    # DeepSpeed's own deepspeed.checkpointing.checkpoint as the layers' checkpoint function (issue 42, part 4)
+    "zero3:whisper:deepspeed": TUPLE_OF_ONE,
+    "zero3:whisper-lora:deepspeed": TUPLE_OF_ONE,
 }
 TIMEOUT_S = 600
 #: the last release before DeepSpeed's own fix (0.19.3, deepspeedai/DeepSpeed#8148) of ZeRO-3 + non-reentrant
@@ -104,7 +112,7 @@ def test_upstream_whisper_fails_under_zero_2_and_3_and_the_rest_trains_equal(lau
     results, stderr = launches["upstream"]
     for rank, result in results.items():
         assert result["hotfix_loaded"] is False and result["deepspeed"] == DEEPSPEED and result["world"] == 2
-        assert len(result["cases"]) == 5
+        assert len(result["cases"]) == 7
         for case, found in result["cases"].items():
             if CASES[case] is None:
                 assert found["ok"] and found["equal"] and found["params_equal"], (rank, case, found)
@@ -123,6 +131,7 @@ def test_with_hotfix_every_gradient_and_parameter_equals_the_same_stage_without_
             assert found["params_equal"], (rank, case, found["params_summary"])
     said = "\n".join(repair_notices(stderr))
     assert "transformers-checkpoint-layer-io" in said and "transformers-frozen-inputs" in said, said
+    assert "deepspeed-checkpoint-outputs" in said, said
 
 
 def test_before_deepspeeds_own_fix_zero3_non_reentrant_with_frozen_parameters_fails_upstream(launches):

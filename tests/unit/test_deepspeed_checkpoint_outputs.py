@@ -1,0 +1,94 @@
+"""patches/deepspeed_checkpoint_outputs.py in-process: the slot wrapper around a stand-in for DeepSpeed's checkpoint.
+
+The stand-in returns what DeepSpeed's ``checkpoint`` returns (its module's name, the list of the layer's outputs,
+unwrapped where it holds one item), through a reentrant torch checkpoint so that gradients flow.  A transformers
+4.x layer returning ``(hidden_states,)`` gets the bare tensor back upstream (its caller's ``[0]`` then takes the
+first batch row); with the fix's wrapper, its tuple, and every gradient equal to the same model without
+checkpointing.  The 2-rank runs with DeepSpeed itself: tests/e2e/test_deepspeed.py (``:deepspeed`` cases).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint as torch_checkpoint
+
+from hotfix.diagnostics.compare import collect_grads, compare_grads
+from hotfix.patches.deepspeed_checkpoint_outputs import (DEEPSPEED_CHECKPOINTING, checkpoint_keeping_tuples_of_one,
+                                                         is_deepspeed_checkpoint, patch)
+
+
+def deepspeed_like_checkpoint(function, *args):
+    """What DeepSpeed's checkpoint returns: the outputs as a list, the only item alone."""
+    collected = torch_checkpoint(function, *args, use_reentrant=True)
+    collected = list(collected) if isinstance(collected, tuple) else [collected]
+    return collected[0] if len(collected) == 1 else tuple(collected)
+
+
+deepspeed_like_checkpoint.__module__ = DEEPSPEED_CHECKPOINTING
+deepspeed_like_checkpoint.__name__ = "checkpoint"
+
+
+class Layer(nn.Module):
+    """Returns a tuple of one, as Whisper's layers do on transformers 4.x."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(6, 6)
+
+    def forward(self, x):
+        return (x + torch.tanh(self.lin(x)),)
+
+
+class Model(nn.Module):
+    def __init__(self, function=None):
+        super().__init__()
+        torch.manual_seed(0)
+        self.layers = nn.ModuleList([Layer(), Layer()])
+        self.function = function
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = (self.function(layer, x) if self.function else layer(x))[0]  # as the model indexes layer_outputs
+        return x.square().mean()
+
+
+def grads(function):
+    model = Model(function)
+    x = torch.randn(3, 4, 6, generator=torch.Generator().manual_seed(1), requires_grad=True)
+    model(x).backward()
+    return collect_grads(model)
+
+
+def with_wrapper(stored):
+    """The stored function as the fix's slot hands it on: its wrapper around ``stored``."""
+    wrapper = checkpoint_keeping_tuples_of_one(patch)
+    return lambda *args, **kwargs: wrapper(stored, None, args, kwargs)
+
+
+def test_upstream_the_tuple_of_one_comes_back_bare_and_the_model_trains_on_a_batch_row():
+    """Here silently (the layers accept 2-D input); Whisper's attention fails on it ("not enough values to unpack")."""
+    x = torch.randn(3, 4, 6)
+    assert isinstance(deepspeed_like_checkpoint(Layer(), x), torch.Tensor)
+    assert not torch.allclose(Model(None)(x), Model(deepspeed_like_checkpoint)(x))
+    found = compare_grads(grads(None), grads(deepspeed_like_checkpoint))
+    assert not found.ok and found.wrong, found.summary()
+
+
+def test_with_the_fix_the_tuple_is_back_and_every_gradient_equals_the_model_without_checkpointing(capsys):
+    found = compare_grads(grads(None), grads(with_wrapper(deepspeed_like_checkpoint)))
+    assert found.ok and not found.missing and len(found.equal) == 4, found.summary()
+    said = capsys.readouterr().err
+    assert "repaired" in said and patch.name in said, said
+
+
+def test_other_functions_and_layers_returning_a_tensor_pass_unchanged():
+    x = torch.randn(3, 4, 6)
+    lin = nn.Linear(6, 6)
+    assert isinstance(with_wrapper(deepspeed_like_checkpoint)(lin, x), torch.Tensor)  # a tensor layer: a tensor
+    plain = functools.partial(torch_checkpoint, use_reentrant=True)
+    assert isinstance(with_wrapper(plain)(Layer(), x), tuple)  # torch's own: not DeepSpeed's, left alone
+    assert is_deepspeed_checkpoint(functools.partial(deepspeed_like_checkpoint)) and not is_deepspeed_checkpoint(plain)
