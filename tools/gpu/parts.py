@@ -73,7 +73,8 @@ PARTS = (
     Part("extras", ("base", "t5", "ds", "ds192"), 280,
          "soak (80 AdamW steps: hotfix + 2025.11.3, use_reentrant=False, upstream 2025.11.3, at once); then at once: "
          "torch.compile (inductor) over checkpointed models (tools/lab/compile_case.py), 1-GPU DDP with "
-         "find_unused_parameters=True, upstream and hotfix (tools/lab/ddp_cases.py under torchrun, 7 cases), and "
+         "find_unused_parameters=True, upstream and hotfix (tools/lab/ddp_cases.py under torchrun, 10 cases), "
+         "torch's checkpoint_wrapper under FSDP1/FSDP2 (tools/lab/wrapper_cases.py, 4 cases), and "
          "unsloth's offload under transformers 5.23's non-reentrant default and TRL's kwargs on unsloth-zoo "
          "2025.11.5 and 2026.10.9 (tools/gpu/nonreentrant.py, 10 children 5 at a time), and DeepSpeed ZeRO-3 on "
          "one GPU, upstream and hotfix (tools/lab/deepspeed_cases.py under torchrun: DeepSpeed 0.19.8, 4 cases; "
