@@ -146,6 +146,8 @@ def run_variant(name: str, layers: int, width: int) -> dict:
     folder = tempfile.mkdtemp(prefix="ds-memory-")
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1",
                DS_ACCELERATOR="cpu", TOKENIZERS_PARALLELISM="false",
+               # its CPU accelerator's op, built at start-up: one folder per release (tests/e2e/test_deepspeed.py)
+               TORCH_EXTENSIONS_DIR=str(MATRIX / f"deepspeed-{release}" / ".torch_extensions"),
                PYTHONPATH=os.pathsep.join([str(MATRIX / f"deepspeed-{release}"), str(LAB)]))
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
                            "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), __file__, "--worker",

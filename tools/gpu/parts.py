@@ -77,7 +77,7 @@ PARTS = (
          "torch's checkpoint_wrapper under FSDP1/FSDP2 (tools/lab/wrapper_cases.py, 4 cases), and "
          "unsloth's offload under transformers 5.23's non-reentrant default and TRL's kwargs on unsloth-zoo "
          "2025.11.5 and 2026.10.9 (tools/gpu/nonreentrant.py, 10 children 5 at a time), and DeepSpeed ZeRO-3 on "
-         "one GPU, upstream and hotfix (tools/lab/deepspeed_cases.py under torchrun: DeepSpeed 0.19.8, 4 cases; "
+         "one GPU, upstream and hotfix (tools/lab/deepspeed_cases.py under torchrun: DeepSpeed 0.19.8, 5 cases; "
          "DeepSpeed 0.19.2, before its own fix, 3 cases: LoRA non-reentrant, where upstream fails and "
          "deepspeed-zero3-frozen-recompute repairs, and reentrant)",
          "soak runs 41-64 s each alone (soak.txt), 3 at once ~100 s; compile 5-30 s per first step plus start-up "
