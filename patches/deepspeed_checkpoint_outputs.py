@@ -64,7 +64,8 @@ def checkpoint_keeping_tuples_of_one(fix: CheckpointFunctionFix) -> Callable:
 
 class DeepspeedCheckpointOutputs(CheckpointFunctionFix):
     name = "deepspeed-checkpoint-outputs"
-    # every DeepSpeed line the census runs has it (docs/census/deepspeed.md); the slot exists from transformers 4.35
+    # every release read (0.11.2; first and last of each line 0.12 - 0.19) returns a lone output bare; the slot
+    # exists from transformers 4.35
     mechanisms = (
         Mechanism("tuple-of-one-unwrapped", {"deepspeed": ">=0.11.2", "transformers": ">=4.35.0"},
                   unreached=NOT_REACHED,
