@@ -4,7 +4,7 @@
 #
 #   1. .venv-test/   torch 2.13.0 (CPU), hotfix installed FROM A BUILT WHEEL (so the .pth start-up path
 #                    is the one users get), transformers 4.56.2, and the code-only releases of the matrix
-#                    (unsloth-zoo, the forks); then the unit and contract tiers (minutes).  A failure stops
+#                    (unsloth-zoo, the forks, DeepSpeed); then the unit and contract tiers (minutes).  A failure stops
 #                    here, before the long installs.
 #   2. .matrix/      the rest of tests/matrix.txt, side by side (pip install --target), put first on
 #                    PYTHONPATH by the tests, and two side torch venvs; then every other tier (versions,
@@ -51,7 +51,9 @@ rm -rf dist build
 "$VENV/bin/pip" wheel -q --no-deps --no-build-isolation -w dist . 2>&1 | grep -v "^WARNING: Location" || true
 pipq --force-reinstall --no-deps dist/hotfix_checkpoint-*.whl
 
-matrix "unsloth-zoo|llamafactory|axolotl"  # code only, seconds: the contract suite loads their targets
+# code only, seconds (DeepSpeed: an sdist built without its ops, under a minute): the contract suite loads
+# their targets, and runs deepspeed-zero3-frozen-recompute beside DeepSpeed 0.19.2 (its BESIDE)
+matrix "unsloth-zoo|llamafactory|axolotl|deepspeed"
 tier -m "unit or contract" "$@"
 
 # --- stage 2: the rest of the release matrix, the side torches, and every other tier
