@@ -65,6 +65,7 @@ def worker(mode: str, layers: int, width: int, out: str) -> None:
 
     sys.path.insert(0, str(LAB))
     import ddp_cases
+    import deepspeed_cases
 
     deepspeed.init_distributed(dist_backend="gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -77,10 +78,9 @@ def worker(mode: str, layers: int, width: int, out: str) -> None:
     frozen = [p for p in model.parameters() if not p.requires_grad]
     frozen_bytes = sum(p.numel() * p.element_size() for p in frozen)
     optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
-    config = {"train_micro_batch_size_per_gpu": ddp_cases.BATCH // world, "gradient_accumulation_steps": 1,
-              "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0,
-                                    "stage3_max_reuse_distance": 0, "stage3_prefetch_bucket_size": 0},
-              "zero_allow_untested_optimizer": True, "steps_per_print": 10 ** 9}
+    config = deepspeed_cases.config(3, world)  # the census's and the e2e test's, with ZeRO-3 releasing every parameter
+    config["zero_optimization"].update(stage3_param_persistence_threshold=0, stage3_max_reuse_distance=0,
+                                       stage3_prefetch_bucket_size=0)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
 
     held: dict = {}  # storage key -> (StorageWeakRef, bytes): every gathered storage a frozen parameter has had
