@@ -2,8 +2,9 @@
 
 Two subclasses of transformers' ``GradientCheckpointingLayer`` (tests/support/shared_state_cases.py:
 store a tensor needing grad, bump a counter, append to a list, write into a nested dict, delete a
-key; the next layer reads the tensors), reentrant checkpointing through torch's function and through
-unsloth-zoo's ``UnslothCheckpointFunction`` (2026.10.9 loaded on CPU), on 4.56.2 and 5.23.0, for every
+key; the next layer reads the tensors), reentrant checkpointing through torch's function, through
+unsloth-zoo's ``UnslothCheckpointFunction`` (2026.10.9 loaded on CPU) and through DeepSpeed's
+``deepspeed.checkpointing.checkpoint`` (0.19.8, its CPU accelerator, one process), on 4.56.2 and 5.23.0, for every
 mapping type.  Without hotfix the caller's mapping after backward and the gradients differ from the
 run without checkpointing; with hotfix both equal it (keys in order, values, nested), or, for a mapping
 that cannot be copied and for a tensor changed in place through the mapping, one ``hotfix:`` line says so.
@@ -25,9 +26,13 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 import shared_state_cases as cases
 from hotfix.diagnostics.compare import collect_grads, compare_grads
 
+checkpoint_function = functools.partial(torch.utils.checkpoint.checkpoint, use_reentrant=True)
 if sys.argv[1] == "unsloth":
     import zoo_loader
     zoo_loader.install_unsloth_swap(zoo_loader.load_release())
+elif sys.argv[1] == "deepspeed":  # DeepSpeed's own function in transformers' place (issue 42, part 4): one process
+    import deepspeed
+    checkpoint_function = deepspeed.checkpointing.checkpoint
 
 class Layer(GradientCheckpointingLayer):
     def __init__(self, index, forward):
@@ -44,7 +49,7 @@ def run(mapping, checkpointing, in_place=False):
     layers = torch.nn.ModuleList([Layer(i, forward) for i in range(2)]).train()
     for layer in layers:
         layer.gradient_checkpointing = checkpointing
-        layer._gradient_checkpointing_func = functools.partial(torch.utils.checkpoint.checkpoint, use_reentrant=True)
+        layer._gradient_checkpointing_func = checkpoint_function
     state = cases.initial_state(cases.MAPPINGS[mapping], in_place)
     x = torch.randn(3, 4, generator=torch.Generator().manual_seed(1), requires_grad=True)
     for layer in layers:
@@ -69,16 +74,20 @@ for mapping, in_place in [(m, False) for m in cases.MAPPINGS] + [("dict", True)]
 """
 
 VERSIONS = ["4.56.2", "5.23.0"]
-FUNCTIONS = ["torch", "unsloth"]
+FUNCTIONS = ["torch", "unsloth", "deepspeed"]
+DEEPSPEED = "0.19.8"
 REPAIRED = ["dict", "UserDict", "OrderedDict", "defaultdict", "SharedStorage"]
 
 
 def _run(version, function, hotfix):
     paths = [matrix_path("transformers", version)]
+    env = {} if hotfix else {"HOTFIX_DISABLE": "1"}
     if function == "unsloth":
         paths.append(matrix_path("unsloth-zoo", "2026.10.9"))
-    proc = run_python(["-c", CHILD, function], pythonpath=paths, env={} if hotfix else {"HOTFIX_DISABLE": "1"},
-                      timeout=300)
+    if function == "deepspeed":  # its CPU accelerator, its extensions built in its own folder (test_deepspeed.py)
+        paths.append(matrix_path("deepspeed", DEEPSPEED))
+        env.update(DS_ACCELERATOR="cpu", TORCH_EXTENSIONS_DIR=str(paths[-1] / ".torch_extensions"))
+    proc = run_python(["-c", CHILD, function], pythonpath=paths, env=env, timeout=300)
     rows = {row["case"]: row for row in json_lines(proc.stdout)}
     assert len(rows) == 7, proc.stderr[-3000:]
     return rows, hotfix_lines(proc.stderr)
