@@ -73,9 +73,12 @@ OTHER_EVIDENCE = {
     "transformers-ddp-find-unused": "[census/ddp.md](census/ddp.md), every release, torch 2.13 and 2.14",
     "torch-ddp-find-unused": "[census/ddp.md](census/ddp.md) (direct call), every release, torch 2.13 and 2.14",
     "torch-checkpoint-wrapper": "[census/wrapper.md](census/wrapper.md), every release from 4.52",
-    # no census over DeepSpeed's lines yet (issue 42, part 2): the releases tests/e2e/test_deepspeed.py measures
-    "deepspeed-zero3-frozen-recompute": "DeepSpeed 0.19.2 broken, 0.19.8 fixed (tests/e2e/test_deepspeed.py, torch 2.13)",
-    "deepspeed-checkpoint-outputs": "DeepSpeed 0.19.8 (tests/e2e/test_deepspeed.py, torch 2.13)",
+    # DeepSpeed's census has rows and a gate test of its own (tools/census/deepspeed.py,
+    # tests/versions/test_deepspeed_census.py); its cases use torch's checkpoint, not DeepSpeed's
+    "deepspeed-zero3-frozen-recompute": "[census/deepspeed.md](census/deepspeed.md), every DeepSpeed line that runs "
+                                        "on torch 2.13 and 2.14",
+    "deepspeed-checkpoint-outputs": "DeepSpeed 0.19.8 (tests/e2e/test_deepspeed.py, torch 2.13; not a case of "
+                                    "census/deepspeed.md)",
 }
 
 
