@@ -5,9 +5,10 @@
 CPU (DeepSpeed's CPU accelerator, gloo where oneCCL is absent; the caller sets loopback: MASTER_ADDR=127.0.0.1,
 GLOO_SOCKET_IFNAME=lo), or where DeepSpeed's accelerator is CUDA the rank's GPU and NCCL (the GPU kit's 1-GPU
 case), with DeepSpeed on PYTHONPATH (installed from its sdist with DS_BUILD_OPS=0: no C++ op is
-built).  Case names: ``zero{2,3}:{lora,full,whisper,whisper-lora}:{reentrant,nonreentrant,deepspeed}`` (``deepspeed``:
-DeepSpeed's own ``deepspeed.checkpointing.checkpoint`` as the layers' checkpoint function, set as a user would with
-transformers' ``_set_gradient_checkpointing``), and
+built).  Case names: ``zero{2,3}:{lora,full,whisper,whisper-lora}:{reentrant,nonreentrant,deepspeed,
+deepspeed-partitioned}`` (``deepspeed``: DeepSpeed's own ``deepspeed.checkpointing.checkpoint`` as the layers'
+checkpoint function, set as a user would with transformers' ``_set_gradient_checkpointing``; ``-partitioned``: with
+its ``activation_checkpointing`` options ``partition_activations`` and ``cpu_checkpointing`` on), and
 ``trainer-zero{2,3}:whisper:{reentrant,nonreentrant}``: transformers' Seq2SeqTrainer with a ``deepspeed`` config
 (its losses compared where the other cases compare gradients).  Each case builds the model
 twice, the same seed, and trains each through ``deepspeed.initialize`` (fp32, a client SGD optimizer, each rank on
@@ -56,7 +57,7 @@ def model_for(recipe: str, mode: str):
         model = tiny_models.whisper()[0]
     else:
         model = ddp_cases.build(recipe, False, False)
-    if mode == "deepspeed":  # DeepSpeed's own checkpoint function in transformers' place (issue 42, part 4)
+    if mode.startswith("deepspeed"):  # DeepSpeed's own checkpoint function in transformers' place (issue 42, part 4)
         model.gradient_checkpointing_enable()
         model._set_gradient_checkpointing(enable=True, gradient_checkpointing_func=deepspeed.checkpointing.checkpoint)
     elif mode != "none":
@@ -70,6 +71,12 @@ def train(recipe: str, mode: str, stage: int, rank: int, world: int):
     trainable = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
     optimizer = torch.optim.SGD([p for _, p in trainable], lr=0.1)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config(stage, world))
+    if mode.startswith("deepspeed"):
+        # its function reads its options from module state: set from a config's "activation_checkpointing" section
+        # as a user does (``deepspeed.checkpointing.configure``), both off for ``deepspeed`` (its defaults)
+        partitioned = mode == "deepspeed-partitioned"
+        deepspeed.checkpointing.configure(None, deepspeed_config={**config(stage, world), "activation_checkpointing": {
+            "partition_activations": partitioned, "cpu_checkpointing": partitioned}})
     if recipe == "whisper":
         import tiny_models
 
