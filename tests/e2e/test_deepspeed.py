@@ -35,7 +35,9 @@ import socket
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+import torch  # its release names DeepSpeed's extensions folder (the children run this venv's torch)
 
+import deepspeed_env  # tools/lab (conftest puts it on sys.path)
 from conftest import LAB, matrix_path, repair_notices, run_python
 
 DEEPSPEED = "0.19.8"
@@ -79,12 +81,7 @@ def torchrun(folder, *, disabled, deepspeed=DEEPSPEED, cases=tuple(CASES)):
     """2 ranks of tools/lab/deepspeed_cases.py over ``cases``; ({rank: result}, stderr)."""
     folder.mkdir()
     release = matrix_path("deepspeed", deepspeed)
-    # DeepSpeed's CPU accelerator builds its shared-memory op at start-up, by name, into torch's extensions folder:
-    # one folder per release, or a release running beside another loads the other's build ("module
-    # 'deepspeed_shm_comm' has no attribute 'vector_kernel_level'")
-    env = {"MASTER_ADDR": "127.0.0.1", "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu",
-           "TOKENIZERS_PARALLELISM": "false", "TORCH_EXTENSIONS_DIR": str(release / ".torch_extensions"),
-           **({"HOTFIX_DISABLE": "1"} if disabled else {})}
+    env = {**deepspeed_env.cpu_env(release, torch.__version__), **({"HOTFIX_DISABLE": "1"} if disabled else {})}
     proc = run_python(["-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2", "--max-restarts", "0",
                        "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
                        str(LAB / "deepspeed_cases.py"), str(folder), *cases],

@@ -16,7 +16,9 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+import torch  # its release names DeepSpeed's extensions folder (the children run this venv's torch)
 
+import deepspeed_env  # tools/lab (conftest puts it on sys.path)
 from conftest import hotfix_lines, json_lines, matrix_path, run_python
 
 CHILD = r"""
@@ -84,9 +86,9 @@ def _run(version, function, hotfix):
     env = {} if hotfix else {"HOTFIX_DISABLE": "1"}
     if function == "unsloth":
         paths.append(matrix_path("unsloth-zoo", "2026.10.9"))
-    if function == "deepspeed":  # its CPU accelerator, its extensions built in its own folder (test_deepspeed.py)
+    if function == "deepspeed":  # its CPU accelerator, its extensions built in its own folder
         paths.append(matrix_path("deepspeed", DEEPSPEED))
-        env.update(DS_ACCELERATOR="cpu", TORCH_EXTENSIONS_DIR=str(paths[-1] / ".torch_extensions"))
+        env.update(deepspeed_env.cpu_env(paths[-1], torch.__version__))
     proc = run_python(["-c", CHILD, function], pythonpath=paths, env=env, timeout=300)
     rows = {row["case"]: row for row in json_lines(proc.stdout)}
     assert len(rows) == 7, proc.stderr[-3000:]

@@ -144,11 +144,14 @@ def _free_port() -> int:
 def run_variant(name: str, layers: int, width: int) -> dict:
     release, mode = VARIANTS[name]
     folder = tempfile.mkdtemp(prefix="ds-memory-")
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1",
-               DS_ACCELERATOR="cpu", TOKENIZERS_PARALLELISM="false",
-               # its CPU accelerator's op, built at start-up: one folder per release (tests/e2e/test_deepspeed.py)
-               TORCH_EXTENSIONS_DIR=str(MATRIX / f"deepspeed-{release}" / ".torch_extensions"),
-               PYTHONPATH=os.pathsep.join([str(MATRIX / f"deepspeed-{release}"), str(LAB)]))
+    import torch
+
+    sys.path.insert(0, str(LAB))
+    import deepspeed_env
+
+    folder_of_release = MATRIX / f"deepspeed-{release}"
+    env = dict(os.environ, **deepspeed_env.cpu_env(folder_of_release, torch.__version__),
+               PYTHONPATH=os.pathsep.join([str(folder_of_release), str(LAB)]))
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
                            "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), __file__, "--worker",
                            mode, "--layers", str(layers), "--width", str(width), "--out", folder],

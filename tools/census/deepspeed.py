@@ -8,7 +8,8 @@
     python tools/census/deepspeed.py --render-only
 
 Which releases: the last release of the lines before 0.12, the first and the last patch release of every line
-from 0.12 (PyPI's upload list, cached in tools/census/pypi-deepspeed.json: ``--refresh`` re-reads it), and, where
+from 0.12 (PyPI's upload list, cached with the census's in tools/census/pypi-releases.json: ``--refresh`` re-reads
+it, ``releases.refresh``), and, where
 the first and the last of a line disagree in any cell, the releases between them by bisection until each boundary
 lies between two adjacent releases (``open_bisections``).  Each release is installed as tests/matrix.txt's is: its
 sdist, ``DS_BUILD_OPS=0`` (no C++ op built), ``--no-deps`` into .matrix/deepspeed-<version> (git-ignored); the
@@ -41,7 +42,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
@@ -51,12 +51,13 @@ sys.path[:0] = [str(HERE), str(REPO / "tools" / "sweep"), str(REPO / "tools" / "
 
 from packaging.version import Version  # noqa: E402
 
+import deepspeed_env  # noqa: E402
+import releases  # noqa: E402
 import runner  # noqa: E402
 import sweep_store  # noqa: E402
 
 STORE = REPO / "docs" / "census" / "deepspeed"
 DOC = REPO / "docs" / "census" / "deepspeed.md"
-CACHE = HERE / "pypi-deepspeed.json"
 LAB = REPO / "tools" / "lab"
 DIMENSION = "deepspeed"
 FIX, MECHANISM = "deepspeed-zero3-frozen-recompute", "zero3-frozen-recompute"
@@ -101,17 +102,9 @@ def _group(row: Dict) -> str:
 
 
 # -- which releases ---------------------------------------------------------------------------------
-def refresh() -> None:
-    """Re-read DeepSpeed's releases and their first upload dates from PyPI into the cache."""
-    with urllib.request.urlopen("https://pypi.org/pypi/deepspeed/json", timeout=60) as answer:
-        data = json.load(answer)
-    dates = {v: min(f["upload_time_iso_8601"] for f in files) for v, files in data["releases"].items() if files}
-    CACHE.write_text(json.dumps({"deepspeed": dates}, indent=0, sort_keys=True) + "\n")
-
-
 def all_releases() -> List[str]:
     """Every final DeepSpeed release of the cache from OLDEST_LINE, oldest first."""
-    found = [v for v in json.loads(CACHE.read_text())["deepspeed"]
+    found = [v for v in releases.uploads("deepspeed")
              if not (Version(v).is_prerelease or Version(v).is_devrelease) and Version(v).release[:2] >= OLDEST_LINE]
     return sorted(found, key=Version)
 
@@ -187,16 +180,8 @@ def _env(hotfix: bool, folder: Path, extra: Optional[Dict[str, str]] = None) -> 
 
     paths = [folder, runner.MATRIX / f"transformers-{TRANSFORMERS}", LAB]
     return child_env(hotfix, keep_hotfix_settings=False, pythonpath=paths,
-                     extra={"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
-                            "MASTER_ADDR": "127.0.0.1", "GLOO_SOCKET_IFNAME": "lo", "LOCAL_SIZE": str(RANKS),
-                            "TORCH_EXTENSIONS_DIR": str(extensions(folder)), **(extra or {})})
-
-
-def extensions(folder: Path) -> Path:
-    """Torch's extensions folder for one DeepSpeed release and this torch.  DeepSpeed's CPU accelerator builds
-    ``deepspeed_shm_comm`` by name there at start-up; in torch's shared default, two releases (or two torches)
-    load each other's build ("module 'deepspeed_shm_comm' has no attribute 'vector_kernel_level'")."""
-    return folder / ".torch_extensions" / f"torch{runner.torch_release()}"
+                     extra={**deepspeed_env.cpu_env(folder, runner.torch_release()), "LOCAL_SIZE": str(RANKS),
+                            **(extra or {})})
 
 
 def _last_line(text: str) -> str:
@@ -438,7 +423,8 @@ def main(argv=None) -> int:
     p.add_argument("--releases", default="", help="comma list: only these DeepSpeed releases (no bisection)")
     p.add_argument("--columns", choices=("both", "upstream", "hotfix"), default="both")
     p.add_argument("--remeasure", action="store_true", help="run the chosen releases again even where rows exist")
-    p.add_argument("--refresh", action="store_true", help="re-read DeepSpeed's releases from PyPI first")
+    p.add_argument("--refresh", action="store_true",
+                   help="re-read PyPI's release lists first (releases.refresh: DeepSpeed's with the census's)")
     p.add_argument("--results", default=str(STORE), help="store directory, or a .jsonl file (tests)")
     p.add_argument("--doc", default=str(DOC))
     p.add_argument("--render-only", action="store_true")
@@ -446,7 +432,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     results = Path(args.results)
     if args.refresh:
-        refresh()
+        releases.refresh()
     if not args.render_only:
         columns = {"both": [False, True], "upstream": [False], "hotfix": [True]}[args.columns]
         if True in columns and not _fix_installed():

@@ -45,7 +45,7 @@ EXTRA_FIRSTS = ("5.0.0",)
 
 def refresh() -> None:
     dates = {}
-    for package in ("transformers", "unsloth_zoo", "torch"):
+    for package in ("transformers", "unsloth_zoo", "torch", "deepspeed"):
         with urllib.request.urlopen(f"https://pypi.org/pypi/{package}/json", timeout=60) as answer:
             data = json.load(answer)
         dates[package] = {v: min(f["upload_time_iso_8601"] for f in files)
@@ -55,6 +55,11 @@ def refresh() -> None:
 
 def _dates() -> Dict[str, Dict[str, str]]:
     return json.loads(CACHE.read_text())
+
+
+def uploads(package: str) -> Dict[str, str]:
+    """``package``'s releases (as PyPI names them) -> first upload date, from the cache."""
+    return _dates()[package]
 
 
 def _final(version: str) -> bool:
