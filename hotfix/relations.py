@@ -23,7 +23,7 @@ SLOT_ORDER: Tuple[str, ...] = (
     "transformers-checkpoint-layer-io",  # sees the partial as transformers made it; lifts what it hides
     "transformers-frozen-inputs",  # anchors a layer no input of which needs grad (lifted inputs count)
     "transformers-ddp-find-unused",  # adds the layer's trainable parameters as the last inputs
-    "deepspeed-checkpoint-outputs",  # innermost: sees the function handed to DeepSpeed's checkpoint, as handed
+    "deepspeed-checkpoint-layer-io",  # innermost: sees the function handed to DeepSpeed's checkpoint, as handed
 )
 
 # Where one fix relies on another (``Reliance.where``; the keys a fix passes to ``relied_on``).

@@ -15,6 +15,7 @@ put first on PYTHONPATH of a child interpreter.
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -116,6 +117,13 @@ def run_python(
     """
     return children.run_python(args, env=clean_env(env, pythonpath), cwd=cwd or TESTS / "_scratch",
                                timeout=timeout, python=python)
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now, for a launcher's rendezvous (``--master_port``, ``MASTER_PORT``)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def dependencies(dest: Path) -> Path:

@@ -14,6 +14,7 @@ imports nothing (activation never imports torch).
     ddp           is a DistributedDataParallel forward searching for unused parameters; parameters as checkpoint inputs
     torch_wrapper a layer under torch's checkpoint_wrapper, handed to transformers' own checkpointing for one call
     unsloth       what the fixes rely on in unsloth-zoo's UnslothCheckpointFunction
+    deepspeed     what the fixes rely on in DeepSpeed's checkpoint function; a layer call put the way it handles it
     forks         LlamaFactory's / axolotl's copies of unsloth's checkpointer, called with every input connected
     offload/      the activation offloader (host memory, streams) and its devices
 """

@@ -18,10 +18,9 @@ test in test_distributed.py instead.
 from __future__ import annotations
 
 import json
-import socket
 import textwrap
 
-from conftest import CRASH, run_python
+from conftest import CRASH, free_port, run_python
 
 
 SCRIPT = textwrap.dedent(
@@ -48,12 +47,6 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def launch(folder, disabled):
     folder.mkdir()
     script = folder / "train.py"
@@ -64,7 +57,7 @@ def launch(folder, disabled):
         env["HOTFIX_DISABLE"] = "1"
     proc = run_python(["-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines",
                        "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_ip", "127.0.0.1",
-                       "--main_process_port", str(_free_port()), str(script)], env=env, timeout=300)
+                       "--main_process_port", str(free_port()), str(script)], env=env, timeout=300)
     results = {}
     for path in sorted(folder.glob("rank*.json")):
         result = json.loads(path.read_text())

@@ -25,12 +25,11 @@ process, so each probe runs in a process of its own (one rank: DDP's search is l
 from __future__ import annotations
 
 import json
-import socket
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from conftest import LAB, matrix_path, repair_notices, run_python
+from conftest import LAB, free_port, matrix_path, repair_notices, run_python
 
 FIX = "torch-ddp-find-unused"
 FIND_UNUSED = "Expected to mark a variable ready only once"
@@ -47,12 +46,6 @@ ENV = {"MASTER_ADDR": "127.0.0.1", "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS"
        "TOKENIZERS_PARALLELISM": "false"}
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def launch(folder, cases, ranks, *, disabled=False):
     """``ranks`` ranks of tools/lab/ddp_cases.py (torchrun; one rank: a plain process); ({rank: result}, stderr)."""
     folder.mkdir()
@@ -60,10 +53,10 @@ def launch(folder, cases, ranks, *, disabled=False):
     script = [str(LAB / "ddp_cases.py"), str(folder), *cases]
     if ranks > 1:
         argv = ["-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", str(ranks), "--max-restarts",
-                "0", "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), *script]
+                "0", "--master_addr", "127.0.0.1", "--master_port", str(free_port()), *script]
     else:
         argv = script
-        env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_PORT=str(_free_port()))
+        env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_PORT=str(free_port()))
     zoo = [matrix_path("unsloth-zoo", ZOO)] if any(case.startswith("unsloth:") for case in cases) else []
     proc = run_python(argv, env=env, pythonpath=zoo, timeout=TIMEOUT_S)
     results = {}

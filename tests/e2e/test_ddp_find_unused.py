@@ -20,12 +20,11 @@ checkpointing: losses and LoRA weights).
 from __future__ import annotations
 
 import json
-import socket
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from conftest import LAB, MATRIX, matrix_path, repair_notices, run_python
+from conftest import LAB, MATRIX, free_port, matrix_path, repair_notices, run_python
 
 FIND_UNUSED = "Expected to mark a variable ready only once"
 ZOO = "2026.10.9"  # the latest release the matrix holds: its own backward returns every input's gradient
@@ -42,12 +41,6 @@ FAILING_UPSTREAM = ["lora", "full", "lora+unused", "lora+no_sync", "trainer-lora
 LAUNCH_TIMEOUT_S = 300
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def torchrun(folder, cases, *, disabled=False, pythonpath=()):
     """2 ranks of tools/lab/ddp_cases.py; returns ({rank: result}, stderr)."""
     folder.mkdir()
@@ -56,7 +49,7 @@ def torchrun(folder, cases, *, disabled=False, pythonpath=()):
     if disabled:
         env["HOTFIX_DISABLE"] = "1"
     proc = run_python(["-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2", "--max-restarts",
-                       "0", "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
+                       "0", "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
                        str(LAB / "ddp_cases.py"), str(folder), *cases],
                       env=env, pythonpath=pythonpath, timeout=LAUNCH_TIMEOUT_S)
     results = {}

@@ -19,7 +19,7 @@ steps are compared (a parameter without gradient equals only one without).
   checkpointing;
 * DeepSpeed's own ``deepspeed.checkpointing.checkpoint`` as the layers' checkpoint function (transformers'
   ``_set_gradient_checkpointing``), tiny Whisper full and LoRA: upstream the layer's ``(hidden_states,)`` comes back
-  bare ("not enough values to unpack"); with hotfix (deepspeed-checkpoint-outputs, with the keyword and
+  bare ("not enough values to unpack"); with hotfix (deepspeed-checkpoint-layer-io, with the keyword and
   frozen-input repairs, which DeepSpeed's function needs as torch's reentrant one does) equal.
 
 DeepSpeed 0.19.2 (before its own fix of ZeRO-3 + non-reentrant checkpointing with frozen parameters): upstream that
@@ -31,14 +31,13 @@ hotfix (the workaround before the fix).
 from __future__ import annotations
 
 import json
-import socket
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch  # its release names DeepSpeed's extensions folder (the children run this venv's torch)
 
 import deepspeed_env  # tools/lab (conftest puts it on sys.path)
-from conftest import LAB, matrix_path, repair_notices, run_python
+from conftest import LAB, free_port, matrix_path, repair_notices, run_python
 
 DEEPSPEED = "0.19.8"
 BACKWARD_TWICE = "Trying to backward through the graph a second time"
@@ -71,19 +70,13 @@ CASES_BEFORE_FIX = {
 }
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def torchrun(folder, *, disabled, deepspeed=DEEPSPEED, cases=tuple(CASES)):
     """2 ranks of tools/lab/deepspeed_cases.py over ``cases``; ({rank: result}, stderr)."""
     folder.mkdir()
     release = matrix_path("deepspeed", deepspeed)
     env = {**deepspeed_env.cpu_env(release, torch.__version__), **({"HOTFIX_DISABLE": "1"} if disabled else {})}
     proc = run_python(["-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2", "--max-restarts", "0",
-                       "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
+                       "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
                        str(LAB / "deepspeed_cases.py"), str(folder), *cases],
                       env=env, pythonpath=[release], timeout=TIMEOUT_S)
     results = {}
@@ -133,7 +126,7 @@ def test_with_hotfix_every_gradient_and_parameter_equals_the_same_stage_without_
             assert found["params_equal"], (rank, case, found["params_summary"])
     said = "\n".join(repair_notices(stderr))
     assert "transformers-checkpoint-layer-io" in said and "transformers-frozen-inputs" in said, said
-    assert "deepspeed-checkpoint-outputs" in said, said
+    assert "deepspeed-checkpoint-layer-io" in said, said
 
 
 def test_before_deepspeeds_own_fix_zero3_non_reentrant_with_frozen_parameters_fails_upstream(launches):

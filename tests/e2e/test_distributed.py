@@ -27,12 +27,11 @@ with the seed's error; with hotfix every case trains.
 from __future__ import annotations
 
 import json
-import socket
 import textwrap
 
 import pytest
 
-from conftest import CRASH, matrix_path, run_python
+from conftest import CRASH, free_port, matrix_path, run_python
 
 FIND_UNUSED_LIMIT = "Expected to mark a variable ready only once"
 LAUNCH_TIMEOUT_S = 240
@@ -154,12 +153,6 @@ RANK_SCRIPT = textwrap.dedent(
 )
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def torchrun(tmp_path_factory, model, cases, *, disabled=False, pythonpath=()):
     """Launch 2 ranks; return {rank: result dict} (both ranks must report)."""
     script = tmp_path_factory.mktemp("dist") / "rank.py"
@@ -175,7 +168,7 @@ def torchrun(tmp_path_factory, model, cases, *, disabled=False, pythonpath=()):
         env["HOTFIX_DISABLE"] = "1"
     proc = run_python(
         ["-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2", "--max-restarts", "0",
-         "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
+         "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
          str(script), model, ",".join(cases)],
         env=env, pythonpath=pythonpath, timeout=LAUNCH_TIMEOUT_S,
     )

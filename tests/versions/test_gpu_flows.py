@@ -23,14 +23,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sys
 import textwrap
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from conftest import CRASH, LAB, REPO, SUPPORT, json_lines, run_python
+from conftest import CRASH, LAB, REPO, SUPPORT, free_port, json_lines, run_python
 
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -85,12 +84,6 @@ for name in sys.argv[1:]:
 """
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _fsdp_train(folder, disabled, checkpointing=True):
     folder.mkdir()
     script = folder / "train.py"
@@ -98,7 +91,7 @@ def _fsdp_train(folder, disabled, checkpointing=True):
     env = {"RESULT_DIR": str(folder), "TOKENIZERS_PARALLELISM": "false", "CHECKPOINTING": "1" if checkpointing else "0",
            "CUBLAS_WORKSPACE_CONFIG": ":4096:8", **({"HOTFIX_DISABLE": "1"} if disabled else {})}
     proc = run_python(["-m", "accelerate.commands.launch", "--use_fsdp", "--num_processes", "1", "--num_machines", "1",
-                       "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port()),
+                       "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
                        str(script)], env=env, pythonpath=[os.environ["HOTFIX_GPU_TRANSFORMERS"], LAB, SUPPORT, GPU_TOOLS],
                       timeout=150)
     result = folder / "result.json"

@@ -194,7 +194,7 @@ DEEPSPEED_UPSTREAM = {"zero3:whisper:reentrant": "Trying to backward through the
                       "zero3:whisper-lora:reentrant": "loss must be a scalar tensor",
                       "zero3:lora:nonreentrant": None,
                       "trainer-zero3:whisper:reentrant": "Trying to backward through the graph a second time",
-                      # DeepSpeed's own checkpoint function (deepspeed-checkpoint-outputs; issue 42, part 4)
+                      # DeepSpeed's own checkpoint function (deepspeed-checkpoint-layer-io; issue 42, part 4)
                       "zero3:whisper:deepspeed": "not enough values to unpack"}
 
 

@@ -1,4 +1,4 @@
-"""patches/deepspeed_checkpoint_outputs.py in-process: the slot wrapper around a stand-in for DeepSpeed's checkpoint.
+"""patches/deepspeed_checkpoint_layer_io.py in-process: the slot wrapper around a stand-in for DeepSpeed's checkpoint.
 
 The stand-in returns what DeepSpeed's ``checkpoint`` returns (its module's name, the list of the layer's outputs,
 unwrapped where it holds one item), through a reentrant torch checkpoint so that gradients flow.  A transformers
@@ -17,8 +17,8 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
 from hotfix.diagnostics.compare import collect_grads, compare_grads
-from hotfix.patches.deepspeed_checkpoint_outputs import (DEEPSPEED_CHECKPOINTING, checkpoint_keeping_tuples_of_one,
-                                                         is_deepspeed_checkpoint, patch)
+from hotfix.checkpointing.deepspeed import DEEPSPEED_CHECKPOINTING, OPT_OUT, as_deepspeed_needs, is_deepspeed_checkpoint
+from hotfix.patches.deepspeed_checkpoint_layer_io import checkpoint_as_deepspeed_needs, patch
 
 
 def deepspeed_like_checkpoint(function, *args):
@@ -65,7 +65,7 @@ def grads(function):
 
 def with_wrapper(stored):
     """The stored function as the fix's slot hands it on: its wrapper around ``stored``."""
-    wrapper = checkpoint_keeping_tuples_of_one(patch)
+    wrapper = checkpoint_as_deepspeed_needs(patch)
     return lambda *args, **kwargs: wrapper(stored, None, args, kwargs)
 
 
@@ -92,3 +92,29 @@ def test_other_functions_and_layers_returning_a_tensor_pass_unchanged():
     plain = functools.partial(torch_checkpoint, use_reentrant=True)
     assert isinstance(with_wrapper(plain)(Layer(), x), tuple)  # torch's own: not DeepSpeed's, left alone
     assert is_deepspeed_checkpoint(functools.partial(deepspeed_like_checkpoint)) and not is_deepspeed_checkpoint(plain)
+
+
+def test_deepspeed_is_handed_tensors_only_and_the_callers_later_tensors_as_views_it_may_consume():
+    """What ``partition_activations`` needs (the real release: tests/versions/test_deepspeed_partitioned_activations.py):
+    no non-tensor input (saved as a pair, counted as one), and no caller's tensor it could empty after the forward."""
+    seen = []
+
+    def layer(*inputs):
+        seen.append(inputs)
+        return inputs[0] * inputs[2].sum()
+
+    hidden = torch.randn(2, 3, requires_grad=True)
+    shared = torch.randn(2, 3, requires_grad=True)  # every layer's (Whisper's encoder states)
+    function, handed, bound = as_deepspeed_needs(layer, (hidden, None, shared))
+    assert bound and len(handed) == 2 and handed[0] is hidden
+    assert handed[1] is not shared and handed[1]._base is shared and getattr(handed[1], OPT_OUT) is True
+    function(*handed)  # the forward: the caller's own objects, in their places
+    assert seen[-1][0] is hidden and seen[-1][1] is None and seen[-1][2] is shared
+    copies = tuple(t.detach().requires_grad_() for t in handed)
+    function(*copies)  # the recomputation: its detached copies, in their places
+    assert seen[-1][0] is copies[0] and seen[-1][1] is None and seen[-1][2] is copies[1]
+    handed[1].sum().backward()  # the gradient of the view reaches the caller's tensor
+    assert torch.equal(shared.grad, torch.ones(2, 3))
+    handed[1].data = torch.empty([])  # what a release before the opt-out does to an input after the forward
+    assert shared.shape == (2, 3)
+    assert as_deepspeed_needs(layer, (hidden,))[1:] == ((hidden,), False)

@@ -1,0 +1,73 @@
+"""What the fixes rely on in DeepSpeed's activation checkpointing (``deepspeed.checkpointing``).
+
+Its ``checkpoint`` / ``non_reentrant_checkpoint`` take the layer's inputs to be that layer's alone: with the
+``"activation_checkpointing"`` options ``partition_activations`` (and ``cpu_checkpointing``, which needs it) it keeps
+a partition (or a host copy) of each floating-point input and, after the layer's forward, sets the input's own
+``.data`` to an empty tensor (``get_partitioned_activations_for_backward``, 0.12.6+; flattened in place before).  A
+tensor hotfix lifts out of transformers' ``partial`` into the inputs (``checkpointing.inputs``) is the caller's and
+often every layer's (Whisper's ``encoder_hidden_states``): emptied, the next layer reads a 0-d tensor.  Read in
+DeepSpeed 0.11.2 - 0.19.8 (docs/fixes/transformers-checkpoint-layer-io.md).  Loading this imports no torch.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from typing import Any, Callable, Sequence, Tuple
+
+#: DeepSpeed's activation checkpointing module (``deepspeed.checkpointing``) and its checkpoint functions
+DEEPSPEED_CHECKPOINTING = "deepspeed.runtime.activation_checkpointing.checkpointing"
+FUNCTIONS = ("checkpoint", "non_reentrant_checkpoint")
+#: DeepSpeed's own opt-out (``is_activation_to_checkpoint``, from 0.16): a tensor carrying it is neither partitioned,
+#: copied nor emptied, only kept as it is
+OPT_OUT = "no_checkpointing"
+
+
+def is_deepspeed_checkpoint(stored: Any) -> bool:
+    """Is ``stored`` (what transformers holds: a function, or a partial of one) DeepSpeed's checkpoint function?"""
+    function = stored.func if isinstance(stored, functools.partial) else stored
+    return getattr(function, "__module__", None) == DEEPSPEED_CHECKPOINTING and getattr(
+        function, "__name__", None) in FUNCTIONS
+
+
+def partitions_activations() -> bool:
+    """Are DeepSpeed's ``partition_activations`` on (its module state, set by ``deepspeed.checkpointing.configure``)?"""
+    module = sys.modules.get(DEEPSPEED_CHECKPOINTING)
+    return bool(getattr(module, "PARTITION_ACTIVATIONS", False))
+
+
+def as_deepspeed_needs(function: Callable, inputs: Sequence[Any]) -> Tuple[Callable, Tuple[Any, ...], bool]:
+    """``(function', tensors, bound)``: a transformers layer call put the way DeepSpeed's checkpoint handles it.
+
+    Only tensors are handed to DeepSpeed: a non-tensor positional input (Whisper's encoder passes ``None``) is bound
+    into ``function'``, since with ``partition_activations`` DeepSpeed saves it as a pair of non-tensors that its
+    backward counts as one, and the recomputation gets an extra positional argument (``bound``: there was one).  The
+    first tensor (the layer's hidden states) goes as it is: DeepSpeed may partition it.  Every later one is the
+    caller's, often every layer's (a mask, the encoder's states, a tensor hotfix lifted out of the ``partial``): it
+    goes as a view carrying DeepSpeed's opt-out, so DeepSpeed keeps it as it is, or (before the opt-out) partitions
+    and empties the view, never the caller's tensor (``.data`` set on a view leaves its base alone); its gradient
+    reaches the tensor through the view.  The forward gets the caller's objects back (the rewrites before this one
+    check their identity); the recomputation's detached copies pass on.
+    """
+    from hotfix.checkpointing.layer_call import ShownCall  # not at load: the DeepSpeed fix's loading imports no torch
+    from torch import is_tensor
+
+    slots = [index for index, item in enumerate(inputs) if is_tensor(item)]
+    originals = [inputs[index] for index in slots]
+    handed = list(originals)
+    for position in range(1, len(handed)):
+        view = handed[position].view_as(handed[position])
+        setattr(view, OPT_OUT, True)
+        handed[position] = view
+    handed = tuple(handed)
+    template = list(inputs)
+
+    def run_as_called(*tensors):
+        if len(tensors) == len(handed) and all(item is given for item, given in zip(tensors, handed)):
+            tensors = originals  # the forward: the caller's own objects
+        call = list(template)
+        for index, tensor in zip(slots, tensors):
+            call[index] = tensor
+        return function(*call)
+
+    return ShownCall(run_as_called, function), handed, len(slots) < len(inputs)

@@ -1,0 +1,84 @@
+"""DeepSpeed's ``partition_activations`` / ``cpu_checkpointing`` around transformers' layers (issue 42, part 4).
+
+DeepSpeed's own ``deepspeed.checkpointing.checkpoint`` as the layers' checkpoint function (transformers'
+``_set_gradient_checkpointing``), its options set as a user does (``deepspeed.checkpointing.configure``), DeepSpeed
+0.19.8 from tests/matrix.txt, one process (its CPU accelerator, gloo), tiny Whisper on transformers 4.56.2 and 5.23.0,
+every parameter and LoRA without the input hook; gradients compared with the same model without checkpointing.
+With partitioning DeepSpeed takes a layer's inputs to be that layer's alone: after the forward it empties each
+floating-point input, and it saves a non-tensor positional input as a pair its backward counts as one.
+
+* upstream: 4.56.2 fails ("not enough values to unpack": the layer's tuple of one returned bare); 5.23.0 passes the
+  encoder's states and the mask positionally to every decoder layer, DeepSpeed empties them after the first
+  ("both arguments to linear need to be at least 1D, but they are 0D and 2D");
+* with hotfix: every gradient equal, and the repair line of deepspeed-checkpoint-layer-io names the non-tensor
+  positional input (Whisper's encoder passes ``None``), whose recomputation got an extra argument upstream.  Before
+  this repair hotfix failed too on 4.56.2: the ``encoder_hidden_states=`` it lifts into the inputs was emptied.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch  # its release names DeepSpeed's extensions folder (the children run this venv's torch)
+
+import deepspeed_env  # tools/lab (conftest puts it on sys.path)
+from conftest import free_port, json_lines, matrix_path, repair_notices, run_python
+
+CHILD = r"""
+import json
+import torch, transformers
+import deepspeed
+import tiny_models
+from hotfix.diagnostics.compare import collect_grads, compare_grads
+
+deepspeed.init_distributed(dist_backend="gloo")
+BUILDERS = {"whisper": tiny_models.whisper, "whisper-lora": tiny_models.whisper_lora_no_hook}
+OPTIONS = {"partition": dict(partition_activations=True), "partition+cpu": dict(partition_activations=True,
+                                                                             checkpoint_in_cpu=True)}
+
+def grads(recipe, options):
+    model, batch = BUILDERS[recipe]()
+    if options is not None:
+        model.gradient_checkpointing_enable()
+        model._set_gradient_checkpointing(enable=True, gradient_checkpointing_func=deepspeed.checkpointing.checkpoint)
+        deepspeed.checkpointing.configure(None, **options)
+    model(**batch).loss.backward()
+    return collect_grads(model)
+
+for recipe in BUILDERS:
+    reference = grads(recipe, None)
+    for name, options in OPTIONS.items():
+        try:
+            row = {"equal": compare_grads(reference, grads(recipe, options)).ok}
+        except Exception as exc:
+            row = {"error": f"{type(exc).__name__}: {exc}"[:160]}
+        print(json.dumps({"case": f"{recipe}:{name}", **row}), flush=True)
+"""
+
+VERSIONS = ["4.56.2", "5.23.0"]
+DEEPSPEED = "0.19.8"
+CASES = [f"{recipe}:{options}" for recipe in ("whisper", "whisper-lora") for options in ("partition", "partition+cpu")]
+UPSTREAM_ERROR = {"4.56.2": "not enough values to unpack", "5.23.0": "0D and 2D"}
+
+
+def _run(version, hotfix):
+    release = matrix_path("deepspeed", DEEPSPEED)
+    env = dict(deepspeed_env.cpu_env(release, torch.__version__), RANK="0", LOCAL_RANK="0", WORLD_SIZE="1",
+               MASTER_PORT=str(free_port()), **({} if hotfix else {"HOTFIX_DISABLE": "1"}))
+    proc = run_python(["-c", CHILD], pythonpath=[matrix_path("transformers", version), release], env=env, timeout=300)
+    rows = {row.pop("case"): row for row in json_lines(proc.stdout)}
+    assert sorted(rows) == sorted(CASES), proc.stderr[-3000:]
+    return rows, repair_notices(proc.stderr)
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_partitioned_activations_fail_upstream_and_train_equal_with_hotfix(version):
+    with ThreadPoolExecutor(2) as pool:
+        (upstream, upstream_notices), (fixed, notices) = pool.map(lambda on: _run(version, on), [False, True])
+    assert upstream_notices == []
+    for case in CASES:
+        assert UPSTREAM_ERROR[version] in upstream[case].get("error", ""), (case, upstream[case])
+        assert fixed[case] == {"equal": True}, (case, fixed[case])
+    assert any("deepspeed-checkpoint-layer-io" in line and "non-tensor positional input" in line
+               for line in notices), notices
