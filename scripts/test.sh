@@ -7,8 +7,8 @@
 #                    (unsloth-zoo, the forks, DeepSpeed); then the unit and contract tiers (minutes).  A failure stops
 #                    here, before the long installs.
 #   2. .matrix/      the rest of tests/matrix.txt, side by side (pip install --target), put first on
-#                    PYTHONPATH by the tests, and two side torch venvs; then every other tier (versions,
-#                    e2e, lab).
+#                    PYTHONPATH by the tests, and two side torch venvs (installed while the tiers that do
+#                    not need them run); then every other tier (versions, e2e, lab), the side_torch tests last.
 #
 # Extra arguments go to pytest in both stages, e.g.  bash scripts/test.sh -k whisper
 set -euo pipefail
@@ -61,13 +61,26 @@ matrix "[^ ]+"  # every other entry (those of stage 1 are installed)
 # Two more torch lines, each in a venv of its own (.matrix/torch-<version>: PyPI's CUDA build, it runs on
 # the CPU; installed by the census's installer, hotfix from the same wheel; the libraries come from
 # .matrix/ on PYTHONPATH): torch.compile over reentrant checkpointing on torch 2.11 and 2.7 (tests/versions/
-# test_torch_lines.py) and the census's torch-line subset.  About 3.5 minutes and 5 GB each on a cold cache;
-# where the disk has less than about 9 GiB free for one, it is not installed and its tests skip, saying so.
-for torch_line in 2.11.0 2.7.1; do
-    "$VENV/bin/python" tools/census/census.py --install-torch "$torch_line" --wheel dist/hotfix_checkpoint-*.whl \
-        2>&1 | grep -v "^WARNING: Location" || true
-    [ -f "$MATRIX/torch-$torch_line.no-disk" ] && continue
-    "$MATRIX/torch-$torch_line/bin/python" -I -c "import torch, wrapt, hotfix" # fail early if the install failed
-done
+# test_torch_lines.py) and the census's torch-line subset (the tests marked side_torch).  About 3.5 minutes and
+# 5 GB each on a cold cache, mostly download and unpacking: they install in the background while the other tests
+# run, and the side_torch tests run after.  Where the disk has less than about 9 GiB free for one, it is not
+# installed and its tests skip, saying so.
+side_torches() {
+    for torch_line in 2.11.0 2.7.1; do
+        "$VENV/bin/python" tools/census/census.py --install-torch "$torch_line" --wheel dist/hotfix_checkpoint-*.whl \
+            2>&1 | grep -v "^WARNING: Location" || true
+        [ -f "$MATRIX/torch-$torch_line.no-disk" ] && continue
+        "$MATRIX/torch-$torch_line/bin/python" -I -c "import torch, wrapt, hotfix" # fail early if the install failed
+    done
+}
+side_torches > "$MATRIX/side-torches.log" 2>&1 &
+installing=$!
 
-tier -m "not unit and not contract" "$@"
+tier -m "not unit and not contract and not side_torch" "$@"
+if ! wait "$installing"; then
+    cat "$MATRIX/side-torches.log"
+    echo "scripts/test.sh: installing the side torches failed (above)" >&2
+    exit 1
+fi
+cat "$MATRIX/side-torches.log"
+tier -m "side_torch" "$@"

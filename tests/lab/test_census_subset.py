@@ -16,6 +16,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from conftest import REPO, clean_env, matrix_path
 
 
@@ -52,6 +54,7 @@ def test_census_subset(tmp_path):
     assert "## Broken with hotfix\n\nNone." in page, page
 
 
+@pytest.mark.side_torch  # scripts/test.sh runs it after the side torches are installed
 def test_census_torch_line_subset(tmp_path):
     """The census under another torch: its venv, transformers 5.23.0 there (it imports with torch 2.11), a cell
     of the mechanism columns and one of the compile column, without and with hotfix."""

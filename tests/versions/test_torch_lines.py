@@ -28,6 +28,7 @@ import pytest
 from conftest import LAB, json_lines, matrix_path, run_python
 
 TORCH_LINES = ("2.11.0", "2.7.1")  # scripts/test.sh installs each
+pytestmark = pytest.mark.side_torch  # scripts/test.sh runs these after the side torches are installed
 TRANSFORMERS = "4.56.2"
 UNSLOTH_ZOO = "2026.10.9"
 
