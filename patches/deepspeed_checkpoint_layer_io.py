@@ -32,10 +32,11 @@ def checkpoint_as_deepspeed_needs(fix: CheckpointFunctionFix) -> Callable:
     def deepspeed_layer_call(wrapped, instance, args, kwargs):  # named: a wrapper chain reads which fix is where
         if not args or not is_deepspeed_checkpoint(wrapped):
             return wrapped(*args, **kwargs)
-        function, inputs, bound = as_deepspeed_needs(args[0], args[1:])
-        if bound and partitions_activations():
+        function, inputs, shifted = as_deepspeed_needs(args[0], args[1:])
+        if shifted and partitions_activations():
             fix.repaired("a non-tensor positional input was kept out of DeepSpeed's partitioned activations, which "
-                         "hand the recomputation an extra argument", call="a call through DeepSpeed's checkpoint function")
+                         "move the recomputation's later inputs one place on",
+                         call="a call through DeepSpeed's checkpoint function")
         returned: list = []  # whether the layer returned a tuple of one, from its first run (the forward)
 
         def layer(*inputs, **keywords):

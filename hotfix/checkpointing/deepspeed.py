@@ -37,11 +37,12 @@ def partitions_activations() -> bool:
 
 
 def as_deepspeed_needs(function: Callable, inputs: Sequence[Any]) -> Tuple[Callable, Tuple[Any, ...], bool]:
-    """``(function', tensors, bound)``: a transformers layer call put the way DeepSpeed's checkpoint handles it.
+    """``(function', tensors, shifted)``: a transformers layer call put the way DeepSpeed's checkpoint handles it.
 
     Only tensors are handed to DeepSpeed: a non-tensor positional input (Whisper's encoder passes ``None``) is bound
     into ``function'``, since with ``partition_activations`` DeepSpeed saves it as a pair of non-tensors that its
-    backward counts as one, and the recomputation gets an extra positional argument (``bound``: there was one).  The
+    backward counts as one: the recomputation gets an extra positional argument, and each tensor after it moves one
+    place on (``shifted``: a tensor follows a non-tensor, so that recomputation would be certain to differ).  The
     first tensor (the layer's hidden states) goes as it is: DeepSpeed may partition it.  Every later one is the
     caller's, often every layer's (a mask, the encoder's states, a tensor hotfix lifted out of the ``partial``): it
     goes as a view carrying DeepSpeed's opt-out, so DeepSpeed keeps it as it is, or (before the opt-out) partitions
@@ -70,4 +71,5 @@ def as_deepspeed_needs(function: Callable, inputs: Sequence[Any]) -> Tuple[Calla
             call[index] = tensor
         return function(*call)
 
-    return ShownCall(run_as_called, function), handed, len(slots) < len(inputs)
+    shifted = bool(slots) and slots[-1] >= len(slots)  # the last tensor is not where a run of tensors only puts it
+    return ShownCall(run_as_called, function), handed, shifted
