@@ -23,7 +23,7 @@ from conftest import REPO, clean_env, matrix_path
 
 def _census(tmp_path, *args):
     store, doc = tmp_path / "census.jsonl", tmp_path / "versions.md"
-    proc = subprocess.run([sys.executable, str(REPO / "tools" / "census" / "census.py"), *args,
+    proc = subprocess.run([sys.executable, str(REPO / "tools" / "census" / "census.py"), *args, "--jobs", "2",
                            "--results", str(store), "--doc", str(doc)],
                           env=clean_env({"OMP_NUM_THREADS": "1"}), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]

@@ -9,10 +9,11 @@ step without checkpointing within 1e-6 relative (hotfix.diagnostics.compare).
 
 from __future__ import annotations
 
+import textwrap
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 from packaging.version import Version
-
-import textwrap
 
 from conftest import LAB, json_lines, matrix_path, matrix_versions, repair_notices, run_python
 
@@ -59,14 +60,21 @@ def _line(version: str) -> str:
 def _run_cases(version, disabled, cases=CASES, default_checkpointing=False):
     args = [str(LAB / "grad_case.py")] + (["--default-checkpointing"] if default_checkpointing else []) + list(cases)
     # WavLM upstream grows without bound (each layer's recomputation re-walks position_bias's history); a
-    # tiny model's step grows by a few MiB, so 256 MiB stops the runaway in ~15 s instead of ~90 s.
-    env = {"GRAD_CASE_RSS_LIMIT": str(256 * 2**20)}
+    # tiny model's step grows by a few MiB, so 256 MiB stops the runaway in ~15 s instead of ~90 s.  One thread:
+    # the upstream and the hotfix child of a release run side by side (_both), one core each.
+    env = {"GRAD_CASE_RSS_LIMIT": str(256 * 2**20), "OMP_NUM_THREADS": "1"}
     if disabled:
         env["HOTFIX_DISABLE"] = "1"
     proc = run_python(args, env=env, pythonpath=[matrix_path("transformers", version)], timeout=900)
     results = {r["case"]: r for r in json_lines(proc.stdout)}
     assert results, proc.stderr[-3000:]
     return results
+
+
+def _both(version, **kwargs):
+    """(upstream, with hotfix): the two children of one release, run at once."""
+    with ThreadPoolExecutor(2) as pool:
+        return tuple(pool.map(lambda disabled: _run_cases(version, disabled, **kwargs), (True, False)))
 
 
 def _outcome(result):
@@ -76,11 +84,10 @@ def _outcome(result):
 @pytest.mark.parametrize("version", matrix_versions("transformers"))
 def test_reentrant_checkpointing_gradients(version):
     """Fails upstream as measured; with hotfix every case's gradients equal no-checkpointing."""
-    unpatched = _run_cases(version, disabled=True)
+    unpatched, patched = _both(version)
     broken = {case for case in CASES if _outcome(unpatched.get(case)) == "broken"}
     assert broken == UNPATCHED_BROKEN[version], {c: unpatched.get(c) for c in CASES}
 
-    patched = _run_cases(version, disabled=False)
     for case in CASES:
         result = patched.get(case)
         assert result and result["status"] == "equal", result
@@ -90,18 +97,16 @@ def test_reentrant_checkpointing_gradients(version):
 @pytest.mark.parametrize("version", [v for v in matrix_versions("transformers") if _line(v) == "4.5x"])
 def test_whisper_reproduction_error_text(version):
     """The seed report's exact symptom: the error users search for, then fixed."""
-    unpatched = _run_cases(version, disabled=True, cases=["whisper"], default_checkpointing=True)
+    unpatched, patched = _both(version, cases=["whisper"], default_checkpointing=True)
     assert unpatched["whisper"]["status"] == "crash"
     assert "Trying to backward through the graph a second time" in unpatched["whisper"]["error"]
-    patched = _run_cases(version, disabled=False, cases=["whisper"], default_checkpointing=True)
     assert patched["whisper"]["status"] == "equal", patched["whisper"]
 
 
 @pytest.mark.parametrize("version", [v for v in matrix_versions("transformers") if _line(v) == "5.x"])
 def test_whisper_on_5x_trains_exactly_as_upstream(version):
     """5.x defaults to non-reentrant checkpointing: same loss and gradients with or without hotfix."""
-    unpatched = _run_cases(version, disabled=True, cases=["whisper"], default_checkpointing=True)["whisper"]
-    patched = _run_cases(version, disabled=False, cases=["whisper"], default_checkpointing=True)["whisper"]
+    unpatched, patched = (run["whisper"] for run in _both(version, cases=["whisper"], default_checkpointing=True))
     assert unpatched["status"] == patched["status"] == "equal"
     assert unpatched["loss"] == patched["loss"]
 
