@@ -3,10 +3,11 @@
 Its ``checkpoint`` / ``non_reentrant_checkpoint`` take the layer's inputs to be that layer's alone: with the
 ``"activation_checkpointing"`` options ``partition_activations`` (and ``cpu_checkpointing``, which needs it) it keeps
 a partition (or a host copy) of each floating-point input and, after the layer's forward, sets the input's own
-``.data`` to an empty tensor (``get_partitioned_activations_for_backward``, 0.12.6+; flattened in place before).  A
-tensor hotfix lifts out of transformers' ``partial`` into the inputs (``checkpointing.inputs``) is the caller's and
-often every layer's (Whisper's ``encoder_hidden_states``): emptied, the next layer reads a 0-d tensor.  Read in
-DeepSpeed 0.11.2 - 0.19.8 (docs/fixes/transformers-checkpoint-layer-io.md).  Loading this imports no torch.
+``.data`` to an empty tensor (``get_partitioned_activations_for_backward``, 0.12.6+; flattened in place before), and
+it saves a non-tensor input as a pair its backward counts as one.  transformers hands every decoder layer the same
+encoder states and mask (positionally on 5.x; on 4.x by keyword, lifted into the inputs by ``checkpointing.inputs``):
+emptied, the next layer reads a 0-d tensor.  Read in DeepSpeed 0.11.2 - 0.19.8
+(docs/fixes/deepspeed-checkpoint-layer-io.md).  Loading this imports no torch.
 """
 
 from __future__ import annotations
