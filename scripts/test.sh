@@ -19,7 +19,12 @@ MATRIX=.matrix
 pipq() { "$VENV/bin/pip" install -q --disable-pip-version-check "$@" 2>&1 | grep -v "^WARNING: Location" || true; }
 # Run from tests/ so the source tree's hotfix/ is not importable: the tests exercise the installed wheel
 # (tests/conftest.py checks this).  Status 5 (nothing selected by the caller's -k) is no failure.
-tier() { (cd tests && "../$VENV/bin/python" -m pytest -p no:cacheprovider "$@") || [ $? -eq 5 ]; }
+# Two pytest-xdist workers (HOTFIX_TEST_WORKERS; 0 runs in one process), a test file whole in one worker
+# (tests/conftest.py's groups), one thread each: most tests wait on child interpreters starting or on 2-rank
+# launches, so two at once fill the 2 cores CI has.
+WORKERS=${HOTFIX_TEST_WORKERS:-2}
+tier() { (cd tests && OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} "../$VENV/bin/python" -m pytest -p no:cacheprovider \
+          -n "$WORKERS" --dist loadgroup "$@") || [ $? -eq 5 ]; }
 # The releases of tests/matrix.txt whose names match $1 (a grep -E pattern), each installed once.
 matrix() {
     grep -v '^#' tests/matrix.txt | grep -E "^($1) " | while read -r name version; do
@@ -42,7 +47,7 @@ matrix() {
 # --- stage 1: the product's own tiers
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 # torch pinned: a bare requirement would pull a multi-GB CUDA build.
-pipq torch==2.13.0 numpy "wrapt>=1.14" "packaging>=21" pytest setuptools wheel build twine import-linter==2.17 \
+pipq torch==2.13.0 numpy "wrapt>=1.14" "packaging>=21" pytest pytest-xdist==3.8.0 setuptools wheel build twine import-linter==2.17 \
     transformers==4.56.2 accelerate psutil peft==0.21.2 nbclient==0.10.2 nbformat==5.10.4 ipykernel==6.30.1 \
     hjson msgpack ninja py-cpuinfo "pydantic>=2" einops  # DeepSpeed's pure-Python dependencies (tests/matrix.txt)
 "$VENV/bin/python" -c "import torch, transformers, wrapt, pytest, importlinter" # fail early if an install failed

@@ -152,13 +152,41 @@ def repair_notices(stderr: str) -> List[str]:
 TIERS = ("unit", "contract", "versions", "e2e", "lab")
 
 
+#: files that use one resource no two workers may use at once: they share a worker (a group)
+SHARED_RESOURCE = {
+    # both build hotfix in the checkout itself (setuptools' build/ and egg-info folders): scripts/gpu/build-carry's
+    # wheel and the packaging test's editable install
+    "lab/test_gpu_kit.py": "checkout-build",
+    "e2e/test_packaging.py": "checkout-build",
+}
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the xdist_group markers
 def pytest_collection_modifyitems(config, items):
-    """Mark each test with its tier: the folder under tests/ it lives in."""
+    """Mark each test with its tier (the folder under tests/ it lives in) and its worker group.
+
+    scripts/test.sh runs the tiers on two pytest-xdist workers (``--dist loadgroup``): a group runs whole in
+    one worker.  A test that uses a module- or class-scoped fixture (often minutes of training, computed once
+    for its file) is grouped with its file; one in SHARED_RESOURCE with the files sharing that resource; any
+    other test goes to whichever worker is free.
+    """
     for item in items:
         relative = Path(str(item.fspath)).resolve().relative_to(TESTS)
         tier = relative.parts[0] if len(relative.parts) > 1 else None
         if tier in TIERS:
             item.add_marker(getattr(pytest.mark, tier))
+        group = SHARED_RESOURCE.get(relative.as_posix())
+        if group is None and _uses_a_shared_fixture(item):
+            group = relative.as_posix()
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
+def _uses_a_shared_fixture(item) -> bool:
+    fixtures = getattr(item, "_fixtureinfo", None)
+    return fixtures is not None and any(
+        definitions and definitions[-1].scope in ("module", "class", "package")
+        for definitions in fixtures.name2fixturedefs.values())
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -93,8 +93,9 @@ def test_a_target_install_on_pythonpath_says_its_start_up_hook_is_not_in_effect(
     ``hotfix status`` (which imports hotfix) said "active ... APPLIED".  It now says the hook is not in effect,
     what that means and the remedy; with the remedy (a sitecustomize importing hotfix.auto) it says so."""
     target = tmp_path / "target"
+    wheel = sorted((REPO / "dist").glob("hotfix_checkpoint-*.whl"))[-1]  # scripts/test.sh built it: what PyPI has
     pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps",
-                          "--no-build-isolation", "--target", str(target), str(REPO)],
+                          "--target", str(target), str(wheel)],
                          capture_output=True, text=True, timeout=300, env=clean_env())
     assert pip.returncode == 0, pip.stderr[-3000:]
     assert (target / "hotfix-checkpoint.pth").is_file() and (target / "hotfix" / "__init__.py").is_file()
