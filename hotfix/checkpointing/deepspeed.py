@@ -56,12 +56,7 @@ def as_deepspeed_needs(function: Callable, inputs: Sequence[Any]) -> Tuple[Calla
 
     slots = [index for index, item in enumerate(inputs) if is_tensor(item)]
     originals = [inputs[index] for index in slots]
-    handed = list(originals)
-    for position in range(1, len(handed)):
-        view = handed[position].view_as(handed[position])
-        setattr(view, OPT_OUT, True)
-        handed[position] = view
-    handed = tuple(handed)
+    handed = (*originals[:1], *(_opted_out_view(tensor) for tensor in originals[1:]))
     template = list(inputs)
 
     def run_as_called(*tensors):
@@ -74,3 +69,9 @@ def as_deepspeed_needs(function: Callable, inputs: Sequence[Any]) -> Tuple[Calla
 
     shifted = bool(slots) and slots[-1] >= len(slots)  # the last tensor is not where a run of tensors only puts it
     return ShownCall(run_as_called, function), handed, shifted
+
+
+def _opted_out_view(tensor: Any) -> Any:
+    view = tensor.view_as(tensor)
+    setattr(view, OPT_OUT, True)
+    return view
