@@ -11,12 +11,16 @@ would otherwise keep these small weights gathered, as it does a large model's wi
 submodule's parameters fetched or released: the points between which the backward's operations run), the bytes of
 gathered storage that frozen parameters hold, each storage counted once while anything keeps it (the parameter,
 or the alias hotfix saves in its place): torch's ``StorageWeakRef``.  Printed per variant, per step: the peak and
-the mean over those events, and each as a ratio to DeepSpeed 0.19.8's fix from the same run:
+the mean over those events, each as a ratio to DeepSpeed 0.19.8's fix from the same run, and the part of those
+bytes no parameter holds any more (ZeRO-3 partitioned it; something else keeps its gathered storage: what the
+repair's aliases alone keep alive):
 
 * ``0.19.2 hotfix``: non-reentrant checkpointing, DeepSpeed 0.19.2 (before its fix), hotfix's repair;
 * ``0.19.8 upstream``: non-reentrant checkpointing, DeepSpeed 0.19.8 (its fix: frozen parameters gathered by the
   recomputation stay gathered until the backward of the module that started it; hotfix's fix is not applied there);
 * ``0.19.2 hotfix reentrant``: the workaround, reentrant checkpointing (no recomputation inside torch's hooks);
+* ``0.19.8 reentrant``: the same mode on 0.19.8 (neither fix acts on reentrant checkpointing), so
+  ``0.19.2 hotfix reentrant`` / ``0.19.8 reentrant`` is the releases' own ratio under one mode, beside the repair's;
 * ``0.19.2 none``, ``0.19.8 none``: no checkpointing, each release (what each release's ZeRO-3 holds in a backward
   anyway: the two differ widely, so a ratio across releases is not hotfix's alone).
 
@@ -45,6 +49,7 @@ VARIANTS = {
     "0.19.2 hotfix": ("0.19.2", "nonreentrant"),
     "0.19.8 upstream": ("0.19.8", "nonreentrant"),
     "0.19.2 hotfix reentrant": ("0.19.2", "reentrant"),
+    "0.19.8 reentrant": ("0.19.8", "reentrant"),
     "0.19.2 none": ("0.19.2", "none"),
     "0.19.8 none": ("0.19.8", "none"),
 }
@@ -86,19 +91,26 @@ def worker(mode: str, layers: int, width: int, out: str) -> None:
     held: dict = {}  # storage key -> (StorageWeakRef, bytes): every gathered storage a frozen parameter has had
     samples: list = []  # bytes held at each module event of the backward under way
 
-    def note_gathered() -> None:
+    def note_gathered() -> set:
+        """Note every frozen parameter's gathered storage; return the keys of those gathered now."""
+        now = set()
         for p in frozen:
             if p.numel() and p.numel() == p.ds_numel:  # gathered now
                 storage = p.data.untyped_storage()
                 ref = StorageWeakRef(storage)
                 held.setdefault(ref.cdata, (ref, storage.nbytes()))
+                now.add(ref.cdata)
+        return now
 
     def sample() -> None:
-        note_gathered()
+        gathered_now = note_gathered()
         for key in [key for key, (ref, _) in held.items() if ref.expired()]:
             del held[key]
         if torch._C._current_graph_task_id() != -1:  # inside a backward
-            samples.append(sum(nbytes for _, nbytes in held.values()))
+            # (all held, the part no parameter holds any more: ZeRO-3 partitioned the parameter, something else
+            # keeps its gathered storage alive: hotfix's aliases on 0.19.2, nothing else in these runs)
+            samples.append((sum(nbytes for _, nbytes in held.values()),
+                            sum(nbytes for key, (_, nbytes) in held.items() if key not in gathered_now)))
 
     def sampled(method):
         def call(self, *args, **kwargs):
@@ -117,7 +129,9 @@ def worker(mode: str, layers: int, width: int, out: str) -> None:
         samples.clear()
         engine.backward(engine(input_ids=ids, labels=ids.clone()).loss)
         engine.step()
-        steps.append({"peak": max(samples, default=0), "mean": sum(samples) / max(len(samples), 1),
+        totals, unowned = [total for total, _ in samples], [kept for _, kept in samples]
+        steps.append({"peak": max(totals, default=0), "mean": sum(totals) / max(len(totals), 1),
+                      "unowned_peak": max(unowned, default=0), "unowned_mean": sum(unowned) / max(len(unowned), 1),
                       "events": len(samples)})
     result = {"rank": rank, "hotfix_loaded": hotfix_loaded, "deepspeed": deepspeed.__version__,
               "torch": torch.__version__, "transformers": transformers.__version__, "frozen_bytes": frozen_bytes,
@@ -178,7 +192,8 @@ def main() -> None:
           f"{first['transformers']}, {args.layers} layers x {args.width}, LoRA r 4 on q_proj/v_proj, ZeRO-3, 2 ranks")
     print(f"frozen parameters: {first['frozen_bytes'] / mib:.2f} MiB in all, {first['layer_frozen_bytes'] / mib:.2f} "
           "MiB per layer (each rank gathers them whole)")
-    print("variant | DeepSpeed | fixes applied | step | peak MiB (ratio) | mean MiB (ratio) | events   [rank 0; rank 1]")
+    print("variant | DeepSpeed | fixes applied | step | peak MiB (ratio) | mean MiB (ratio) | events | of which no "
+          "parameter holds: peak, mean MiB   [rank 0; rank 1]")
     for name, found in results.items():
         for step in range(STEPS):
             cells = []
@@ -186,7 +201,8 @@ def main() -> None:
                 ref = results[REFERENCE]["ranks"][rank["rank"]]["steps"][step]
                 mine = rank["steps"][step]
                 cells.append(f"{mine['peak'] / mib:.2f} ({mine['peak'] / ref['peak']:.3f}) | "
-                             f"{mine['mean'] / mib:.2f} ({mine['mean'] / ref['mean']:.3f}) | {mine['events']}")
+                             f"{mine['mean'] / mib:.2f} ({mine['mean'] / ref['mean']:.3f}) | {mine['events']} | "
+                             f"{mine['unowned_peak'] / mib:.2f}, {mine['unowned_mean'] / mib:.2f}")
             zero = found["ranks"][0]
             print(f"{name} | {zero['deepspeed']} | {','.join(zero['deepspeed_fixes_applied']) or '-'} | {step + 1} | "
                   + "   ;   ".join(cells))
