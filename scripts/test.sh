@@ -25,23 +25,10 @@ pipq() { "$VENV/bin/pip" install -q --disable-pip-version-check "$@" 2>&1 | grep
 WORKERS=${HOTFIX_TEST_WORKERS:-2}
 tier() { (cd tests && OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} "../$VENV/bin/python" -m pytest -p no:cacheprovider \
           -n "$WORKERS" --dist loadgroup "$@") || [ $? -eq 5 ]; }
-# The releases of tests/matrix.txt whose names match $1 (a grep -E pattern), each installed once.
+# The releases of tests/matrix.txt whose names match $1 (a grep -E pattern), each installed once, side by side in
+# .matrix/<name>-<version> (tools/lab/matrix_install.py: what each library needs to install so, as data).
 matrix() {
-    grep -v '^#' tests/matrix.txt | grep -E "^($1) " | while read -r name version; do
-        dir="$MATRIX/$name-$version"
-        [ -f "$dir/.complete" ] && continue
-        rm -rf "$dir"
-        case "$name" in
-            transformers) pipq --target "$dir" "transformers==$version" ;;
-            unsloth-zoo)  pipq --no-deps --target "$dir" "unsloth_zoo==$version" ;;
-            llamafactory|axolotl) pipq --no-deps --target "$dir" "$name==$version" ;;  # code only (fork_loader)
-            pillow|scipy) pipq --no-deps --target "$dir" "$name==$version" ;;
-            # PyPI has DeepSpeed as an sdist only: built without its C++ ops (its CPU accelerator needs none)
-            deepspeed) DS_BUILD_OPS=0 pipq --no-deps --no-build-isolation --target "$dir" "deepspeed==$version" ;;
-            *) echo "unknown matrix entry: $name" >&2; exit 1 ;;
-        esac
-        touch "$dir/.complete"
-    done
+    grep -v '^#' tests/matrix.txt | grep -E "^($1) " | xargs -r "$VENV/bin/python" tools/lab/matrix_install.py
 }
 
 # --- stage 1: the product's own tiers

@@ -34,9 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
-import shutil
 import socket
 import subprocess
 import sys
@@ -67,9 +65,6 @@ TRANSFORMERS = "4.56.2"
 #: lines from here: first and last patch release; before it: the last release only
 FIRST_LINE = (0, 12)
 OLDEST_LINE = (0, 10)
-#: requirements a release's sdist needs to install at all, which --no-deps leaves out (0.10's setup.py imports
-#: deepspeed, whose config code is pydantic 1's; the 0.10 line requires pydantic<2.0.0)
-OWN_PINS = {(0, 10): ("pydantic<2.0.0",)}
 #: tools/lab/deepspeed_cases.py's cases: ZeRO-2 and ZeRO-3, Whisper and the Llama decoder, LoRA and full,
 #: reentrant and non-reentrant (the reference without checkpointing is inside every case), and per stage the
 #: control: mode ``none``, the reference trained twice, no checkpointing anywhere (DeepSpeed alone: where it fails,
@@ -155,24 +150,7 @@ def open_bisections(all_rows: List[Dict], torch: str) -> List[Tuple[str, str, Li
 # -- installing and running -------------------------------------------------------------------------
 def install(version: str) -> Path:
     """DeepSpeed ``version`` in .matrix/deepspeed-<version> as scripts/test.sh installs it (sdist, no C++ op)."""
-    folder = runner.MATRIX / f"deepspeed-{version}"
-    if (folder / ".complete").exists():
-        return folder
-    shutil.rmtree(folder, ignore_errors=True)
-    print(f"deepspeed census: installing deepspeed=={version}", flush=True)
-    pip = [sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps", "--target",
-           str(folder)]
-    env = dict(os.environ, DS_BUILD_OPS="0")
-    pins = OWN_PINS.get(Version(version).release[:2], ())
-    if pins:
-        subprocess.run([*pip, *pins], capture_output=True, text=True, check=True)
-        env["PYTHONPATH"] = str(folder)
-    proc = subprocess.run([*pip, "--no-build-isolation", f"deepspeed=={version}"], capture_output=True, text=True,
-                          env=env)
-    if proc.returncode != 0 or not (folder / "deepspeed").is_dir():
-        raise RuntimeError(f"pip install deepspeed=={version} failed: {proc.stderr.strip().splitlines()[-1:]}")
-    (folder / ".complete").touch()
-    return folder
+    return runner.install("deepspeed", version)
 
 
 def _env(hotfix: bool, folder: Path, extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:

@@ -1,6 +1,7 @@
 """What every census tool shares (census.py, ddp.py, forks.py, zoo_nonreentrant.py).
 
-* ``install``: a release side by side into .matrix/<name>-<version> (git-ignored), once;
+* ``install``: a release side by side into .matrix/<name>-<version> (git-ignored), once (tools/lab/
+  matrix_install.py, the test matrix's installer; a lock lets two jobs of one release install it once);
 * ``torch_release``: the torch being measured (its rows record it);
 * ``RowSink``: a row, stamped with that torch and today's date, appended to the run's pending file (a run
   that stops resumes from it) and printed as it comes;
@@ -17,40 +18,23 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import shutil
-import subprocess
-import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
+import matrix_install  # tools/lab, on sys.path wherever the census runs
 import sweep_store
 
 REPO = Path(__file__).resolve().parents[2]
-MATRIX = REPO / ".matrix"
-#: a transformers release brings what it pins (tokenizers, huggingface_hub, ...); the others (unsloth-zoo, PEFT,
-#: the forks) are installed alone: their needs are the venv's, or tools/lab/fork_loader.py stubs them
-WITH_DEPENDENCIES = ("transformers",)
+MATRIX = matrix_install.MATRIX
 _INSTALLING = threading.Lock()  # jobs of one release run side by side: one installs, the other waits
 
 
 def install(name: str, version: str) -> Path:
-    """``name==version`` in .matrix/<name>-<version>, once (a half-finished folder is installed again)."""
-    folder = MATRIX / f"{name}-{version}"
+    """``name==version`` in .matrix/<name>-<version>, once: tools/lab/matrix_install.py's rules (the test matrix's)."""
     with _INSTALLING:
-        if (folder / ".complete").exists():
-            return folder
-        shutil.rmtree(folder, ignore_errors=True)
-        spec = f"{name.replace('-', '_') if name == 'unsloth-zoo' else name}=={version}"
-        print(f"census: installing {spec}", flush=True)
-        proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check",
-                               *([] if name in WITH_DEPENDENCIES else ["--no-deps"]), "--target", str(folder), spec],
-                              capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise RuntimeError(f"pip install {spec} failed: {proc.stderr.strip().splitlines()[-1:]}")
-        (folder / ".complete").touch()
-    return folder
+        return matrix_install.install(name, version)
 
 
 def lab_rank(script: str, cases: List[str], hotfix: bool, paths: List[Path], timeout: float) -> tuple:

@@ -1,0 +1,95 @@
+#!/usr/bin/env python3
+"""A library release side by side in .matrix/<name>-<version> (git-ignored, ``pip install --target``), once.
+
+The one installer of the release matrix: scripts/test.sh installs tests/matrix.txt with it, every census tool
+through tools/census/runner.py.  What a library needs to install this way is data (NEEDS); every other library is
+installed alone (``--no-deps``: its needs are the venv's, or tools/lab/fork_loader.py stubs them).  A folder is
+complete once its ``.complete`` marker is written; a half-finished one is installed again.  A failed install
+raises (from the command line: exit status 1), naming pip's last line.
+
+    python tools/lab/matrix_install.py NAME VERSION [NAME VERSION ...]
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, Mapping, Tuple
+
+REPO = Path(__file__).resolve().parents[2]
+MATRIX = REPO / ".matrix"
+
+
+@dataclass(frozen=True)
+class Needs:
+    #: install what the release requires (transformers: tokenizers, huggingface_hub, ... at its pins)
+    dependencies: bool = False
+    #: environment of the build; with it the build sees the venv's packages (no isolation, nothing downloaded)
+    build_env: Mapping[str, str] = field(default_factory=dict)
+    #: (major, minor) line -> requirements its install needs first, into the same folder (--no-deps leaves them out)
+    pins: Mapping[Tuple[int, int], Tuple[str, ...]] = field(default_factory=dict)
+
+
+NEEDS: Dict[str, Needs] = {
+    "transformers": Needs(dependencies=True),
+    # PyPI has DeepSpeed as an sdist only: built without its C++ ops (its CPU accelerator needs none); the 0.10
+    # line's setup.py imports deepspeed, whose config code is pydantic 1's (0.10 requires pydantic<2.0.0)
+    "deepspeed": Needs(build_env={"DS_BUILD_OPS": "0"}, pins={(0, 10): ("pydantic<2.0.0",)}),
+}
+#: PyPI names that differ from tests/matrix.txt's
+DISTRIBUTION = {"unsloth-zoo": "unsloth_zoo"}
+
+
+def folder_of(name: str, version: str) -> Path:
+    return MATRIX / f"{name}-{version}"
+
+
+def install(name: str, version: str) -> Path:
+    """``name==version`` in .matrix/<name>-<version>, unless already complete there; returns the folder."""
+    folder = folder_of(name, version)
+    if (folder / ".complete").exists():
+        return folder
+    shutil.rmtree(folder, ignore_errors=True)
+    needs = NEEDS.get(name, Needs())
+    spec = f"{DISTRIBUTION.get(name, name)}=={version}"
+    print(f"installing {spec} into {folder.relative_to(REPO)}", flush=True)
+    pip = [sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--target", str(folder),
+           *([] if needs.dependencies else ["--no-deps"])]
+    env = dict(os.environ)
+    line = tuple(int(part) for part in version.split(".")[:2])
+    if needs.pins.get(line):
+        _pip([*pip, *needs.pins[line]], env, spec)
+        env["PYTHONPATH"] = str(folder)  # the build imports them from there
+    if needs.build_env:
+        env.update(needs.build_env)
+        pip.append("--no-build-isolation")
+    _pip([*pip, spec], env, spec)
+    (folder / ".complete").touch()
+    return folder
+
+
+def _pip(command: list, env: Mapping[str, str], spec: str) -> None:
+    proc = subprocess.run(command, capture_output=True, text=True, env=dict(env))
+    if proc.returncode != 0:
+        raise RuntimeError(f"pip install {spec} failed: {(proc.stderr.strip().splitlines() or ['?'])[-1]}")
+
+
+def main(argv: list) -> int:
+    if not argv or len(argv) % 2:
+        print(__doc__.strip().splitlines()[-1].strip(), file=sys.stderr)
+        return 2
+    try:
+        for name, version in zip(argv[::2], argv[1::2]):
+            install(name, version)
+    except RuntimeError as exc:
+        print(f"matrix_install: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
