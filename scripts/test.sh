@@ -19,12 +19,12 @@ MATRIX=.matrix
 pipq() { "$VENV/bin/pip" install -q --disable-pip-version-check "$@" 2>&1 | grep -v "^WARNING: Location" || true; }
 # Run from tests/ so the source tree's hotfix/ is not importable: the tests exercise the installed wheel
 # (tests/conftest.py checks this).  Status 5 (nothing selected by the caller's -k) is no failure.
-# Two pytest-xdist workers (HOTFIX_TEST_WORKERS; 0 runs in one process), a test file whole in one worker
-# (tests/conftest.py's groups), one thread each: most tests wait on child interpreters starting or on 2-rank
-# launches, so two at once fill the 2 cores CI has.
+# Two pytest-xdist workers (HOTFIX_TEST_WORKERS; 0 runs in one process), each test file whole in one worker
+# (its module fixtures, often minutes of training, computed once), one thread each: most tests wait on child
+# interpreters starting or on 2-rank launches, so two at once fill the 2 cores CI has.
 WORKERS=${HOTFIX_TEST_WORKERS:-2}
 tier() { (cd tests && OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} "../$VENV/bin/python" -m pytest -p no:cacheprovider \
-          -n "$WORKERS" --dist loadgroup "$@") || [ $? -eq 5 ]; }
+          -n "$WORKERS" --dist loadfile "$@") || [ $? -eq 5 ]; }
 # The releases of tests/matrix.txt whose names match $1 (a grep -E pattern), each installed once, side by side in
 # .matrix/<name>-<version> (tools/lab/matrix_install.py: what each library needs to install so, as data).
 matrix() {

@@ -14,13 +14,14 @@ put first on PYTHONPATH of a child interpreter.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
-import socket
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
-from typing import Callable, Dict, Iterable, List, Optional
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import pytest
 
@@ -34,6 +35,10 @@ TOOLS = REPO / "tools"  # developer tooling: sweep/, bench/, gpu/, and lab/ (wha
 LAB = TOOLS / "lab"  # tiny_models, zoo_loader, simulated_device, standalone: imported by tools and tests alike
 SUPPORT = TESTS / "support"  # the tests' own helpers and child scripts (layer_calls, stream sanitizer, ...)
 sys.path[:0] = [str(LAB), str(SUPPORT)]  # in-process tests import them as the children do
+
+import rank_results  # noqa: E402  tools/lab/rank_results.py
+from rank_results import free_port  # noqa: E402,F401  (tests import free_port from here)
+
 MATRIX = REPO / ".matrix"
 IN_CI = bool(os.environ.get("CI"))
 
@@ -120,11 +125,20 @@ def run_python(
                                timeout=timeout, python=python)
 
 
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now, for a launcher's rendezvous (``--master_port``, ``MASTER_PORT``)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def launch_ranks(folder: Path, script: Path, args: Sequence[str] = (), ranks: int = 2, *, disabled: bool = False,
+                 env: Optional[Dict[str, str]] = None, pythonpath: Iterable[Path] = (),
+                 timeout: float = 300) -> Tuple[Dict[int, dict], subprocess.CompletedProcess]:
+    """``ranks`` ranks of a lab rank script (``script FOLDER ARGS...``: tools/lab/rank_results.py; 2: torchrun,
+    1: rank 0 of 1, 0: a plain process) writing into ``folder`` (made here), on loopback, hotfix on or
+    HOTFIX_DISABLE'd: ``({rank: its result}, the launcher's process)``.  Fails the test unless every rank wrote."""
+    folder.mkdir(parents=True)
+    argv, launch_env = rank_results.command([str(script), str(folder), *args], ranks)
+    launch_env.update(env or {}, **({"HOTFIX_DISABLE": "1"} if disabled else {}))
+    proc = run_python(argv[1:], env=launch_env, pythonpath=pythonpath, timeout=timeout)
+    results = rank_results.read(folder)
+    assert sorted(results) == list(range(max(ranks, 1))), (
+        f"rc {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
+    return results, proc
 
 
 def dependencies(dest: Path) -> Path:
@@ -152,41 +166,24 @@ def repair_notices(stderr: str) -> List[str]:
 TIERS = ("unit", "contract", "versions", "e2e", "lab")
 
 
-#: files that use one resource no two workers may use at once: they share a worker (a group)
-SHARED_RESOURCE = {
-    # both build hotfix in the checkout itself (setuptools' build/ and egg-info folders): scripts/gpu/build-carry's
-    # wheel and the packaging test's editable install
-    "lab/test_gpu_kit.py": "checkout-build",
-    "e2e/test_packaging.py": "checkout-build",
-}
-
-
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the xdist_group markers
 def pytest_collection_modifyitems(config, items):
-    """Mark each test with its tier (the folder under tests/ it lives in) and its worker group.
-
-    scripts/test.sh runs the tiers on two pytest-xdist workers (``--dist loadgroup``): a group runs whole in
-    one worker.  A test that uses a module- or class-scoped fixture (often minutes of training, computed once
-    for its file) is grouped with its file; one in SHARED_RESOURCE with the files sharing that resource; any
-    other test goes to whichever worker is free.
-    """
+    """Mark each test with its tier: the folder under tests/ it lives in."""
     for item in items:
         relative = Path(str(item.fspath)).resolve().relative_to(TESTS)
         tier = relative.parts[0] if len(relative.parts) > 1 else None
         if tier in TIERS:
             item.add_marker(getattr(pytest.mark, tier))
-        group = SHARED_RESOURCE.get(relative.as_posix())
-        if group is None and _uses_a_shared_fixture(item):
-            group = relative.as_posix()
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
 
 
-def _uses_a_shared_fixture(item) -> bool:
-    fixtures = getattr(item, "_fixtureinfo", None)
-    return fixtures is not None and any(
-        definitions and definitions[-1].scope in ("module", "class", "package")
-        for definitions in fixtures.name2fixturedefs.values())
+@contextlib.contextmanager
+def checkout_build():
+    """Held while a test builds hotfix in the checkout itself (setuptools' build/ and egg-info folders there:
+    scripts/gpu/build-carry's wheel, the packaging test's editable install).  scripts/test.sh runs test files on
+    two pytest-xdist workers; two such builds at once would write the same folders."""
+    (TESTS / "_scratch").mkdir(exist_ok=True)
+    with open(TESTS / "_scratch" / "checkout-build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -36,7 +36,7 @@ from typing import Dict
 
 import pytest
 
-from conftest import PRELUDE, REPO, clean_env, dependencies, hotfix_lines, json_lines, run_python
+from conftest import PRELUDE, REPO, checkout_build, clean_env, dependencies, hotfix_lines, json_lines, run_python
 
 #: every file of the wheel matches one of these (dist-info aside)
 ALLOWED = (
@@ -239,8 +239,9 @@ def dev_venv(tmp_path_factory):
 
 def install_editable(dev_venv, checkout: Path) -> None:
     python, env = dev_venv
-    editable = subprocess.run([python, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "-e",
-                               str(checkout)], capture_output=True, text=True, timeout=600, env=env)
+    with checkout_build():  # the build writes into the checkout (egg-info), the GPU kit's too
+        editable = subprocess.run([python, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "-e",
+                                   str(checkout)], capture_output=True, text=True, timeout=600, env=env)
     assert editable.returncode == 0, editable.stderr[-3000:]
 
 
