@@ -29,7 +29,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from conftest import LAB, free_port, matrix_path, repair_notices, run_python
+from conftest import LAB, launch_ranks, matrix_path, repair_notices, run_python
+from rank_results import LOOPBACK  # tools/lab (conftest puts it on sys.path)
 
 FIX = "torch-ddp-find-unused"
 FIND_UNUSED = "Expected to mark a variable ready only once"
@@ -42,28 +43,13 @@ TWO_RANKS = ["direct:blocks", "direct:remote", "direct:moe", "direct:blocks+join
 ZOO = "2026.10.9"
 FOUR_RANKS = ["direct:blocks", "direct:remote", "direct:blocks+no_sync"]
 TIMEOUT_S = 300
-ENV = {"MASTER_ADDR": "127.0.0.1", "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1",
-       "TOKENIZERS_PARALLELISM": "false"}
 
 
 def launch(folder, cases, ranks, *, disabled=False):
     """``ranks`` ranks of tools/lab/ddp_cases.py (torchrun; one rank: a plain process); ({rank: result}, stderr)."""
-    folder.mkdir()
-    env = dict(ENV, **({"HOTFIX_DISABLE": "1"} if disabled else {}))
-    script = [str(LAB / "ddp_cases.py"), str(folder), *cases]
-    if ranks > 1:
-        argv = ["-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", str(ranks), "--max-restarts",
-                "0", "--master_addr", "127.0.0.1", "--master_port", str(free_port()), *script]
-    else:
-        argv = script
-        env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_PORT=str(free_port()))
     zoo = [matrix_path("unsloth-zoo", ZOO)] if any(case.startswith("unsloth:") for case in cases) else []
-    proc = run_python(argv, env=env, pythonpath=zoo, timeout=TIMEOUT_S)
-    results = {}
-    for path in folder.glob("rank*.json"):
-        result = json.loads(path.read_text())
-        results[result["rank"]] = result
-    assert sorted(results) == list(range(ranks)), f"rc {proc.returncode}\n{proc.stderr[-4000:]}"
+    results, proc = launch_ranks(folder, LAB / "ddp_cases.py", cases, ranks, disabled=disabled, pythonpath=zoo,
+                                 timeout=TIMEOUT_S)
     return results, proc.stderr
 
 
@@ -184,7 +170,7 @@ def test_a_script_that_imports_only_torch_is_repaired():
     upstream (HOTFIX_DISABLE=1: the import is inert) fails with DDP's error."""
     results = {}
     for disabled in (True, False):
-        proc = run_python(["-c", PLAIN_TORCH], env=dict(ENV, **({"HOTFIX_DISABLE": "1"} if disabled else {})),
+        proc = run_python(["-c", PLAIN_TORCH], env=dict(LOOPBACK, **({"HOTFIX_DISABLE": "1"} if disabled else {})),
                           timeout=TIMEOUT_S)
         results[disabled] = json.loads(proc.stdout.strip().splitlines()[-1])
     assert results[True] == {"loaded": False, "transformers": False, "ok": False,

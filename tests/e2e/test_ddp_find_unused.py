@@ -19,12 +19,11 @@ checkpointing: losses and LoRA weights).
 
 from __future__ import annotations
 
-import json
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from conftest import LAB, MATRIX, free_port, matrix_path, repair_notices, run_python
+from conftest import LAB, MATRIX, launch_ranks, matrix_path, repair_notices
 
 FIND_UNUSED = "Expected to mark a variable ready only once"
 ZOO = "2026.10.9"  # the latest release the matrix holds: its own backward returns every input's gradient
@@ -43,20 +42,8 @@ LAUNCH_TIMEOUT_S = 300
 
 def torchrun(folder, cases, *, disabled=False, pythonpath=()):
     """2 ranks of tools/lab/ddp_cases.py; returns ({rank: result}, stderr)."""
-    folder.mkdir()
-    env = {"MASTER_ADDR": "127.0.0.1", "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1",
-           "TOKENIZERS_PARALLELISM": "false"}
-    if disabled:
-        env["HOTFIX_DISABLE"] = "1"
-    proc = run_python(["-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2", "--max-restarts",
-                       "0", "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
-                       str(LAB / "ddp_cases.py"), str(folder), *cases],
-                      env=env, pythonpath=pythonpath, timeout=LAUNCH_TIMEOUT_S)
-    results = {}
-    for path in sorted(folder.glob("rank*.json")):
-        result = json.loads(path.read_text())
-        results[result["rank"]] = result
-    assert sorted(results) == [0, 1], f"rc {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    results, proc = launch_ranks(folder, LAB / "ddp_cases.py", cases, disabled=disabled, pythonpath=pythonpath,
+                                 timeout=LAUNCH_TIMEOUT_S)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return results, proc.stderr
 

@@ -30,14 +30,13 @@ hotfix (the workaround before the fix).
 
 from __future__ import annotations
 
-import json
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch  # its release names DeepSpeed's extensions folder (the children run this venv's torch)
 
 import deepspeed_env  # tools/lab (conftest puts it on sys.path)
-from conftest import LAB, free_port, matrix_path, repair_notices, run_python
+from conftest import LAB, launch_ranks, matrix_path, repair_notices
 
 DEEPSPEED = "0.19.8"
 BACKWARD_TWICE = "Trying to backward through the graph a second time"
@@ -72,18 +71,10 @@ CASES_BEFORE_FIX = {
 
 def torchrun(folder, *, disabled, deepspeed=DEEPSPEED, cases=tuple(CASES)):
     """2 ranks of tools/lab/deepspeed_cases.py over ``cases``; ({rank: result}, stderr)."""
-    folder.mkdir()
     release = matrix_path("deepspeed", deepspeed)
-    env = {**deepspeed_env.cpu_env(release, torch.__version__), **({"HOTFIX_DISABLE": "1"} if disabled else {})}
-    proc = run_python(["-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2", "--max-restarts", "0",
-                       "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
-                       str(LAB / "deepspeed_cases.py"), str(folder), *cases],
-                      env=env, pythonpath=[release], timeout=TIMEOUT_S)
-    results = {}
-    for path in folder.glob("rank*.json"):
-        result = json.loads(path.read_text())
-        results[result["rank"]] = result
-    assert sorted(results) == [0, 1], f"rc {proc.returncode}\n{proc.stderr[-5000:]}"
+    results, proc = launch_ranks(folder, LAB / "deepspeed_cases.py", cases, disabled=disabled,
+                                 env=deepspeed_env.cpu_env(release, torch.__version__), pythonpath=[release],
+                                 timeout=TIMEOUT_S)
     return results, proc.stderr
 
 

@@ -26,12 +26,11 @@ with the seed's error; with hotfix every case trains.
 
 from __future__ import annotations
 
-import json
 import textwrap
 
 import pytest
 
-from conftest import CRASH, free_port, matrix_path, run_python
+from conftest import CRASH, launch_ranks, matrix_path
 
 FIND_UNUSED_LIMIT = "Expected to mark a variable ready only once"
 LAUNCH_TIMEOUT_S = 240
@@ -45,8 +44,9 @@ RANK_SCRIPT = textwrap.dedent(
     HOTFIX_LOADED = "hotfix" in sys.modules  # nothing but the .pth can have loaded it
     import standalone, tiny_models
 
-    MODEL = sys.argv[1]            # a tiny_models builder
-    CASES = sys.argv[2].split(",")
+    RESULT_DIR = sys.argv[1]       # one rank<N>.json per rank (tools/lab/rank_results.py)
+    MODEL = sys.argv[2]            # a tiny_models builder
+    CASES = sys.argv[3].split(",")
     DDP = {  # case -> (gradient_checkpointing_kwargs, DDP kwargs)
         "ddp": ({"use_reentrant": True}, {}),
         "ddp+static_graph": ({"use_reentrant": True}, {"static_graph": True}),
@@ -146,7 +146,7 @@ RANK_SCRIPT = textwrap.dedent(
             out["cases"][case] = {"ok": False, "error": error_line(exc)}
         dist.barrier()
     # One file per rank: both ranks share stdout, where lines can interleave.
-    with open(os.path.join(os.environ["RESULT_DIR"], "rank%d.json" % out["rank"]), "w") as f:
+    with open(os.path.join(RESULT_DIR, "rank%d.json" % out["rank"]), "w") as f:
         json.dump(out, f)
     dist.destroy_process_group()
     '''
@@ -155,28 +155,11 @@ RANK_SCRIPT = textwrap.dedent(
 
 def torchrun(tmp_path_factory, model, cases, *, disabled=False, pythonpath=()):
     """Launch 2 ranks; return {rank: result dict} (both ranks must report)."""
-    script = tmp_path_factory.mktemp("dist") / "rank.py"
+    folder = tmp_path_factory.mktemp("dist")
+    script = folder / "rank.py"
     script.write_text(RANK_SCRIPT)
-    env = {
-        "MASTER_ADDR": "127.0.0.1",
-        "GLOO_SOCKET_IFNAME": "lo",  # loopback only
-        "OMP_NUM_THREADS": "1",
-        "TOKENIZERS_PARALLELISM": "false",
-        "RESULT_DIR": str(script.parent),
-    }
-    if disabled:
-        env["HOTFIX_DISABLE"] = "1"
-    proc = run_python(
-        ["-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2", "--max-restarts", "0",
-         "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
-         str(script), model, ",".join(cases)],
-        env=env, pythonpath=pythonpath, timeout=LAUNCH_TIMEOUT_S,
-    )
-    results = {}
-    for path in sorted(script.parent.glob("rank*.json")):
-        result = json.loads(path.read_text())
-        results[result["rank"]] = result
-    assert sorted(results) == [0, 1], f"rc {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    results, proc = launch_ranks(folder / "results", script, [model, ",".join(cases)], disabled=disabled,
+                                 pythonpath=pythonpath, timeout=LAUNCH_TIMEOUT_S)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return results
 

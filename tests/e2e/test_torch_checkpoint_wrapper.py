@@ -10,12 +10,11 @@ same step without checkpointing: in one process (``plain``), and under FSDP2 (``
 
 from __future__ import annotations
 
-import json
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from conftest import LAB, free_port, repair_notices, run_python
+from conftest import LAB, launch_ranks, repair_notices
 
 FIX = "torch-checkpoint-wrapper"
 #: model -> (upstream under REENTRANT, upstream under NO_REENTRANT): measured 2026-11-28, this file's launches
@@ -29,24 +28,11 @@ FSDP2 = [f"fsdp2:{model}:{impl}" for model in UPSTREAM for impl in ("reentrant",
 #: the workaround users are told (use_cache=False) trains equal upstream: hotfix changes nothing there
 WORKAROUND = ["plain:llama-nocache:reentrant", "plain:llama-nocache:no_reentrant"]
 TIMEOUT_S = 300
-ENV = {"MASTER_ADDR": "127.0.0.1", "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
 
 
 def launch(folder, cases, ranks, *, disabled):
     """``ranks`` processes of the rank script (torchrun for 2; one process, WORLD_SIZE=1, for 1; none: plain)."""
-    folder.mkdir()
-    env = dict(ENV, **({"HOTFIX_DISABLE": "1"} if disabled else {}))
-    script = [str(LAB / "wrapper_cases.py"), str(folder), *cases]
-    if ranks == 2:
-        argv = ["-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2", "--max-restarts", "0",
-                "--master_addr", "127.0.0.1", "--master_port", str(free_port()), *script]
-    else:
-        argv = script
-        if ranks == 1:
-            env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_PORT=str(free_port()))
-    proc = run_python(argv, env=env, timeout=TIMEOUT_S)
-    results = {json.loads(p.read_text())["rank"]: json.loads(p.read_text()) for p in folder.glob("rank*.json")}
-    assert sorted(results) == list(range(max(ranks, 1))), f"rc {proc.returncode}\n{proc.stderr[-4000:]}"
+    results, proc = launch_ranks(folder, LAB / "wrapper_cases.py", cases, ranks, disabled=disabled, timeout=TIMEOUT_S)
     return results, proc.stderr
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import socket
 from datetime import timedelta
 
 import pytest
@@ -25,6 +24,7 @@ import wrapt
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from conftest import free_port
 from hotfix.diagnostics.compare import collect_grads, compare_grads
 from hotfix.checkpointing.ddp import trainable_slots, with_parameters_as_inputs
 from hotfix.patches.torch_ddp_find_unused import patch as direct_fix
@@ -73,10 +73,7 @@ def one_rank():
     # without torch-ddp-find-unused (which repairs it wherever it is entered; tested last, below)
     was_applied = direct_fix.applied
     direct_fix.revert()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1,
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1,
                             timeout=timedelta(seconds=60))
     yield
     dist.destroy_process_group()

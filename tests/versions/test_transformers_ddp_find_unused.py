@@ -13,28 +13,18 @@ parameters going in behind a 0-byte anchor put first.
 
 from __future__ import annotations
 
-import json
-import socket
 from concurrent.futures import ThreadPoolExecutor
 
-from conftest import LAB, matrix_path, run_python
+from conftest import LAB, launch_ranks, matrix_path
 
 FIND_UNUSED = "Expected to mark a variable ready only once"
 CASES = ["lora", "unsloth:lora"]
 
 
 def one_rank(folder, transformers, zoo, cases, env=None):
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    folder.mkdir()
-    env = dict(env or {}, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-               GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
-    proc = run_python([str(LAB / "ddp_cases.py"), str(folder), *cases], env=env, timeout=300,
-                      pythonpath=[matrix_path("transformers", transformers), matrix_path("unsloth-zoo", zoo)])
-    path = folder / "rank0.json"
-    assert path.exists(), f"rc {proc.returncode}\n{proc.stderr[-4000:]}"
-    return json.loads(path.read_text())
+    results, _ = launch_ranks(folder, LAB / "ddp_cases.py", cases, 1, env=env,
+                              pythonpath=[matrix_path("transformers", transformers), matrix_path("unsloth-zoo", zoo)])
+    return results[0]
 
 
 def test_upstream_fails_and_hotfix_trains_on_5_23(tmp_path):

@@ -30,7 +30,6 @@ import argparse
 import json
 import os
 import platform
-import socket
 import statistics
 import sys
 import time
@@ -43,6 +42,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 
 import hotfix  # noqa: E402
 import ddp_cases  # noqa: E402  (tools/lab)
+import rank_results  # noqa: E402  (tools/lab)
 
 
 def _model(width, layers, checkpointing):
@@ -126,10 +126,7 @@ def main(argv=None):
     torch.set_num_threads(args.threads)
     import transformers
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1,
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{rank_results.free_port()}", rank=0, world_size=1,
                             timeout=timedelta(seconds=120))
     ddp = lambda model: torch.nn.parallel.DistributedDataParallel(model, find_unused_parameters=True)  # noqa: E731
     g = torch.Generator().manual_seed(0)

@@ -34,7 +34,6 @@ import argparse
 import json
 import os
 import platform
-import socket
 import subprocess
 import sys
 import tempfile
@@ -149,12 +148,6 @@ def worker(mode: str, layers: int, width: int, out: str) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------- driver
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_variant(name: str, layers: int, width: int) -> dict:
     release, mode = VARIANTS[name]
     folder = tempfile.mkdtemp(prefix="ds-memory-")
@@ -162,15 +155,15 @@ def run_variant(name: str, layers: int, width: int) -> dict:
 
     sys.path.insert(0, str(LAB))
     import deepspeed_env
+    import rank_results
 
     folder_of_release = MATRIX / f"deepspeed-{release}"
-    env = dict(os.environ, **deepspeed_env.cpu_env(folder_of_release, torch.__version__),
+    command, loopback = rank_results.command([__file__, "--worker", mode, "--layers", str(layers), "--width",
+                                              str(width), "--out", folder])
+    env = dict(os.environ, **{**loopback, **deepspeed_env.cpu_env(folder_of_release, torch.__version__)},
                PYTHONPATH=os.pathsep.join([str(folder_of_release), str(LAB)]))
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                           "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), __file__, "--worker",
-                           mode, "--layers", str(layers), "--width", str(width), "--out", folder],
-                          env=env, capture_output=True, text=True, cwd=tempfile.gettempdir())
-    ranks = [json.loads(path.read_text()) for path in sorted(Path(folder).glob("rank*.json"))]
+    proc = subprocess.run(command, env=env, capture_output=True, text=True, cwd=tempfile.gettempdir())
+    ranks = [result for _, result in sorted(rank_results.read(Path(folder)).items())]
     if len(ranks) != 2:
         raise SystemExit(f"{name}: rc {proc.returncode}\n{proc.stderr[-4000:]}")
     return {"variant": name, "mode": mode, "ranks": ranks}

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import functools
 import json
 import platform
 import statistics

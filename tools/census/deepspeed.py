@@ -33,9 +33,7 @@ zero3-frozen-recompute) against the rows (tests/versions/test_deepspeed_census.p
 from __future__ import annotations
 
 import argparse
-import json
 import re
-import socket
 import subprocess
 import sys
 import tempfile
@@ -50,6 +48,7 @@ sys.path[:0] = [str(HERE), str(REPO / "tools" / "sweep"), str(REPO / "tools" / "
 from packaging.version import Version  # noqa: E402
 
 import deepspeed_env  # noqa: E402
+import rank_results  # noqa: E402
 import releases  # noqa: E402
 import runner  # noqa: E402
 import sweep_store  # noqa: E402
@@ -185,23 +184,15 @@ def probe(folder: Path) -> str:
 
 def launch(folder: Path, hotfix: bool, cases: List[str], timeout: float) -> Tuple[Dict[int, Dict], str]:
     """2 ranks of tools/lab/deepspeed_cases.py over ``cases``: ({rank: its result file}, why there are not two)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     with tempfile.TemporaryDirectory() as out:
-        command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", str(RANKS),
-                   "--max-restarts", "0", "--master_addr", "127.0.0.1", "--master_port", str(port),
-                   str(LAB / "deepspeed_cases.py"), out, *cases]
+        command, loopback = rank_results.command([str(LAB / "deepspeed_cases.py"), out, *cases], RANKS)
         try:
-            proc = subprocess.run(command, env=_env(hotfix, folder), cwd="/tmp", capture_output=True, text=True,
-                                  timeout=timeout)
+            proc = subprocess.run(command, env={**loopback, **_env(hotfix, folder)}, cwd="/tmp", capture_output=True,
+                                  text=True, timeout=timeout)
             why = f"exit {proc.returncode}: {_last_line(proc.stderr)[:200]}"
         except subprocess.TimeoutExpired:
             why = f"timed out after {timeout:.0f} s"
-        found = {}
-        for path in Path(out).glob("rank*.json"):
-            result = json.loads(path.read_text())
-            found[result["rank"]] = result
+        found = rank_results.read(Path(out))
     return found, "" if sorted(found) == [0, 1] else why
 
 

@@ -40,22 +40,16 @@ def install(name: str, version: str) -> Path:
 def lab_rank(script: str, cases: List[str], hotfix: bool, paths: List[Path], timeout: float) -> tuple:
     """tools/lab/``script`` in one process as gloo rank 0 of 1 (loopback), hotfix off or on: (its rank0.json's
     content or None, why there is none)."""
-    import socket
     import tempfile
 
+    import rank_results
     from hotfix.diagnostics.children import child_env, last_line, run_python
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    extra = {"OMP_NUM_THREADS": "1", "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0",
-             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "GLOO_SOCKET_IFNAME": "lo"}
-    env = child_env(hotfix, keep_hotfix_settings=False, pythonpath=[*paths, REPO / "tools" / "lab"], extra=extra)
     with tempfile.TemporaryDirectory() as out:
-        proc = run_python([str(REPO / "tools" / "lab" / script), out, *cases], env=env, cwd=Path("/tmp"),
-                          timeout=timeout)
-        result_file = Path(out) / "rank0.json"
-        found = json.loads(result_file.read_text()) if result_file.exists() else None
+        command, extra = rank_results.command([str(REPO / "tools" / "lab" / script), out, *cases], ranks=1)
+        env = child_env(hotfix, keep_hotfix_settings=False, pythonpath=[*paths, REPO / "tools" / "lab"], extra=extra)
+        proc = run_python(command[1:], env=env, cwd=Path("/tmp"), timeout=timeout)
+        found = rank_results.read(Path(out)).get(0)
     return found, "" if found else f"exit {proc.returncode}: {last_line(proc)[:200]}"
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Dict
 
+import rank_results  # tools/lab, beside this file
+
 
 def extensions(release: Path, torch_version: str) -> Path:
     """Torch's extensions folder for one DeepSpeed release (its folder) and one torch release.  DeepSpeed's CPU
@@ -20,5 +22,5 @@ def extensions(release: Path, torch_version: str) -> Path:
 
 def cpu_env(release: Path, torch_version: str) -> Dict[str, str]:
     """The variables a process running DeepSpeed ``release`` on the CPU needs (torchrun adds the ranks' own)."""
-    return {"DS_ACCELERATOR": "cpu", "MASTER_ADDR": "127.0.0.1", "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1",
-            "TOKENIZERS_PARALLELISM": "false", "TORCH_EXTENSIONS_DIR": str(extensions(release, torch_version))}
+    return {**rank_results.LOOPBACK, "DS_ACCELERATOR": "cpu",
+            "TORCH_EXTENSIONS_DIR": str(extensions(release, torch_version))}

@@ -25,7 +25,6 @@ What each fork's file is, per release (read from every release on PyPI; tools/ce
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
 import sys
