@@ -26,9 +26,11 @@ WORKERS=${HOTFIX_TEST_WORKERS:-2}
 tier() { (cd tests && OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} "../$VENV/bin/python" -m pytest -p no:cacheprovider \
           -n "$WORKERS" --dist loadfile "$@") || [ $? -eq 5 ]; }
 # The releases of tests/matrix.txt whose names match $1 (a grep -E pattern), each installed once, side by side in
-# .matrix/<name>-<version> (tools/lab/matrix_install.py: what each library needs to install so, as data).
+# .matrix/<name>-<version> (tools/lab/matrix_install.py: what each library needs to install so, as data); three
+# at a time (each its own folder; mostly download and unpacking).
 matrix() {
-    grep -v '^#' tests/matrix.txt | grep -E "^($1) " | xargs -r "$VENV/bin/python" tools/lab/matrix_install.py
+    grep -v '^#' tests/matrix.txt | grep -E "^($1) " \
+        | xargs -r -n 2 -P "${HOTFIX_INSTALL_JOBS:-3}" "$VENV/bin/python" tools/lab/matrix_install.py
 }
 
 # --- stage 1: the product's own tiers
