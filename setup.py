@@ -3,7 +3,8 @@
 setuptools has no declarative way to put a file beside the packages, so build_py writes them into
 the build tree (the wheel): ``_hotfix_boot.py`` (a copy of hotfix/startup/boot.py, the start-up
 hook), ``hotfix-checkpoint.pth`` (one line that loads it by its location and boots) and
-``hotfix-checkpoint.start`` (Python >= 3.15).  An editable install (``pip install -e .``) gets a
+``hotfix-checkpoint.start`` (Python >= 3.15), and ``hotfix_state.py`` (a copy of
+hotfix/startup/state.py: the in-process check that activates nothing).  An editable install (``pip install -e .``) gets a
 .pth of its own that runs hotfix/startup/boot.py from the checkout with the checkout as hotfix's
 home, so a checkout starts up exactly as an install does.  The file names and the .pth line are the
 start-up hook's own (``startup_line``), read from it here: defined once.
@@ -18,6 +19,10 @@ from setuptools.command.editable_wheel import editable_wheel
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 BOOT_SOURCE = os.path.join(ROOT, "hotfix", "startup", "boot.py")
+#: the read-only in-process check (``import hotfix_state``): at the root, since importing anything under hotfix/
+#: activates hotfix
+STATE_SOURCE = os.path.join(ROOT, "hotfix", "startup", "state.py")
+STATE_MODULE = "hotfix_state.py"
 
 
 def _boot_module():
@@ -47,7 +52,8 @@ def editable_line(root):
 
 class build_py_with_startup_files(build_py):
     def _startup_files(self):
-        return {BOOT.BOOT_MODULE + ".py": None, BOOT.PTH_FILE: WHEEL_LINE, BOOT.START_FILE: BOOT.START_ENTRY + "\n"}
+        return {BOOT.BOOT_MODULE + ".py": BOOT_SOURCE, STATE_MODULE: STATE_SOURCE, BOOT.PTH_FILE: WHEEL_LINE,
+                BOOT.START_FILE: BOOT.START_ENTRY + "\n"}
 
     def run(self):
         super().run()
@@ -55,8 +61,8 @@ class build_py_with_startup_files(build_py):
             return  # the editable wheel carries its own .pth (below)
         for name, text in self._startup_files().items():
             target = os.path.join(self.build_lib, name)
-            if text is None:
-                self.copy_file(BOOT_SOURCE, target)
+            if text in (BOOT_SOURCE, STATE_SOURCE):
+                self.copy_file(text, target)
             else:
                 with open(target, "w") as handle:
                     handle.write(text)
@@ -84,6 +90,9 @@ class _StrategyWithStartupFile:
     def __call__(self, wheel, files, mapping):
         self._strategy(wheel, files, mapping)
         wheel.writestr(BOOT.PTH_FILE, editable_line(ROOT).encode())
+        # hotfix_state runs the checkout's file, as the editable hotfix does
+        wheel.writestr(STATE_MODULE, ("__file__ = %r\nexec(compile(open(__file__).read(), __file__, 'exec'))\n"
+                                      % STATE_SOURCE).encode())
 
 
 class editable_wheel_with_startup_file(editable_wheel):

@@ -53,7 +53,9 @@ def status(import_targets: bool = True, out=None, verbose: bool = False) -> int:
     write = lambda text="": print(text, file=out)  # noqa: E731
     patches = registry.patches()
     problems = _import_targets(patches) if import_targets and registry.active else {}
-    write(f"hotfix {hotfix.__version__} (distribution hotfix-checkpoint)  {'active' if registry.active else 'INACTIVE'}")
+    write(f"hotfix {hotfix.__version__} (distribution hotfix-checkpoint)  {'active' if registry.active else 'INACTIVE'}"
+          " in this `hotfix status` process, which imports the fixes' targets itself; what your script's own process"
+          " got: `import hotfix_state; print(hotfix_state.report())` in it")
     write("start-up hook: " + startup_hook(os.path.dirname(hotfix.__file__), registry.settings.disabled))
     write("libraries: " + "; ".join(f"{dist} {reader.evidence(dist, module).describe()}"
                                     for dist, module in REPORTED_LIBRARIES.items()))

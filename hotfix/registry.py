@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import sys
 import threading
 from importlib import metadata
@@ -203,6 +204,8 @@ class Registry:
             self._check_opt_out_names(patches)
             relations.bind(patches)  # what each fix relies on in the others, read once
             self.active = True
+            logger.info("hotfix: active in this process (pid %d): %d fixes, each applied when its target is imported "
+                        "(`import hotfix_state; print(hotfix_state.report())` says which)", os.getpid(), len(patches))
             for key, patch in patches.items():
                 if self.is_opted_out(patch):
                     logger.info("hotfix: %s opted out by %s", patch.name, DISABLED_PATCHES_VAR)

@@ -15,10 +15,12 @@ How it activates hotfix without ever importing under the import lock
 It puts one finder at the front of ``sys.meta_path``.  Python calls a finder's
 ``find_spec`` while holding its global import lock; importing anything there
 deadlocks against a thread that holds a module lock (``re``, ``logging``...)
-and waits for that global lock.  So for the first import of a trigger
-(transformers, unsloth, unsloth_zoo) ``find_spec`` imports nothing: it asks the
-finders behind it for the trigger's spec and hands that spec back with its
-loader wrapped.  The wrapper's ``exec_module`` runs outside the global lock,
+and waits for that global lock.  So for a trigger (transformers, unsloth,
+unsloth_zoo) ``find_spec`` imports nothing: it asks the finders behind it for
+the trigger's spec and hands that spec back with its loader wrapped, every time
+until hotfix is active: a look-up that never executes the spec
+(``importlib.util.find_spec("transformers")`` in TRL, diffusers, an
+``is_unsloth_available()``) leaves the real import to activate.  The wrapper's ``exec_module`` runs outside the global lock,
 under the trigger's own module lock, exactly where the trigger's own code is
 about to run its imports: it activates hotfix there, then executes the
 trigger.  Patches attach through wrapt post-import hooks, so they are in place
@@ -192,7 +194,7 @@ def wrappable(spec):
 
 
 class _ActivateAroundExec(LoaderProxy):
-    """Loader proxy for the first import: activate hotfix before (a trigger) or after its code runs."""
+    """Loader proxy of a first import: activate hotfix before (a trigger) or after its code runs."""
 
     def __init__(self, loader, finder, trigger):
         super().__init__(loader)
@@ -200,18 +202,31 @@ class _ActivateAroundExec(LoaderProxy):
         self._trigger = trigger
 
     def before(self, module):
-        if self._trigger and self._finder.can_activate():
-            self._finder.activate()  # before the trigger's code: its submodules find the fixes' hooks in place
+        if self._trigger:
+            self._finder.executing.add(self._trigger)
+            if self._finder.can_activate():
+                self._finder.activate()  # before the trigger's code: its submodules find the fixes' hooks in place
 
     def failed(self, module):
+        self._finder.executing.discard(self._trigger)
         self._finder.put_off()  # the module is half made until the import system drops it
 
     def after(self, module):
+        self._finder.executing.discard(self._trigger)
         self._finder.activate_when_possible()
 
 
 class ActivateOnFirstImport:
-    """A meta path finder that finds nothing itself; it arms the first trigger's loader.
+    """A meta path finder that finds nothing itself; it hands out the first imports' specs with an activating loader.
+
+    Every spec it hands out before activation carries the activation, and the
+    first one *executed* activates: a look-up that never executes its spec
+    (``importlib.util.find_spec``, ``pkgutil.find_loader``, a probe in another
+    thread, a parent's probe before a fork) leaves the next one to do it.
+    Where a trigger was loaded past it (a finder ahead of this one that loads
+    transformers itself, this finder moved back in ``sys.meta_path``), the next
+    import it sees activates hotfix late, as ``import hotfix`` after transformers
+    does, and says so at INFO.
 
     It stays in sys.meta_path afterwards (as a cheap no-op): removing a
     finder while the import system iterates over sys.meta_path would make it
@@ -220,17 +235,21 @@ class ActivateOnFirstImport:
 
     def __init__(self, home):
         self.home = home  # the site-packages directory holding this file and hotfix/
-        self.armed = False  # an import's loader carries the activation
         self.due = False  # the activation was put off: the next top-level import carries it, whatever it is
         self.finished = False
+        self.executing = set()  # triggers whose code runs under one of this finder's loaders
+        self.bypassed = None  # "transformers (loaded by SomeLoader)": a trigger imported past this finder
         self._searching = set()  # thread ids inside our own find_spec (finders may recurse)
         self._third_party = None  # unknown until the first top-level import outside the standard library
+        self._once = _thread.allocate_lock()  # two threads' first imports (transformers, unsloth) activate once
 
     def find_spec(self, fullname, path=None, target=None):
-        if self.finished or self.armed or target is not None or path is not None:
+        if self.finished or target is not None or path is not None:
             return None
         if fullname == PACKAGE:
             return None  # importing hotfix activates it; its own imports are put off (can_activate)
+        if self.bypassed is None and not self.due:
+            self._notice_bypass()
         if fullname not in TRIGGERS and not self.due and (
                 fullname in STARTUP_NAMES or fullname in STANDARD_LIBRARY or not self._third_party_fixes_installed()):
             return None
@@ -244,12 +263,29 @@ class ActivateOnFirstImport:
             self._searching.discard(me)
         if not wrappable(spec):
             return None  # not found, or a loader we cannot wrap: the import system goes on
-        # find_spec runs under the global import lock, so only one thread gets here first.
-        if self.armed:
-            return None
-        self.armed = True
-        spec.loader = _ActivateAroundExec(spec.loader, self, fullname in TRIGGERS)
+        spec.loader = _ActivateAroundExec(spec.loader, self, fullname if fullname in TRIGGERS else None)
         return spec
+
+    def _notice_bypass(self):
+        """A trigger in sys.modules whose code did not run under this finder's loader was loaded past it:
+        the next import carries the activation (fixes attach to loaded modules as after ``import hotfix``).
+
+        Where this finder was moved behind the finders that load modules (only imports nobody finds reach it
+        there), it moves itself back to the front, where start-up put it, so that the next import reaches it.
+        The import system is iterating over sys.meta_path right now: taking this finder out and putting it at
+        the front shifts no finder that comes after it, so this import asks each of them as it would have."""
+        for name in TRIGGERS:
+            module = sys.modules.get(name)
+            if module is not None and name not in self.executing:
+                loader = getattr(getattr(module, "__spec__", None), "loader", None)
+                self.bypassed = "%s (loaded by %s)" % (name, type(loader).__name__ if loader else "no loader")
+                self.due = True
+                if sys.meta_path and sys.meta_path[0] is not self:
+                    try:
+                        sys.meta_path.remove(self)
+                    finally:
+                        sys.meta_path.insert(0, self)
+                return
 
     def _third_party_fixes_installed(self):
         """Does an installed distribution other than hotfix-checkpoint declare fixes?
@@ -270,14 +306,14 @@ class ActivateOnFirstImport:
         return self._third_party
 
     def can_activate(self):
-        """True unless a module that activation imports is half made in this thread (module docstring)."""
+        """True unless a module that activation imports is half made in this thread (module docstring).  A
+        trigger still running its code is no reason: each fix waits for its target's import to finish."""
         return _running_module(_needed_by_hotfix) is None
 
     def put_off(self):
         """Not now: the next top-level import, whichever it is, carries the activation."""
         if not self.finished:
             self.due = True
-            self.armed = False
 
     def activate_when_possible(self):
         if self.finished:
@@ -289,11 +325,19 @@ class ActivateOnFirstImport:
 
     def activate(self):
         """Load hotfix from ``home`` (importing it activates it); never raises."""
-        if self.finished:
-            return
-        self.finished = True
+        with self._once:
+            if self.finished:
+                return
+            self.finished = True
         try:
-            load_hotfix(self.home)
+            loaded = load_hotfix(self.home)
+            if loaded and self.bypassed:
+                import logging  # hotfix is loaded: logging is
+
+                logging.getLogger(PACKAGE).info(
+                    "hotfix: activated after %s was imported past its start-up finder (a finder ahead of it in "
+                    "sys.meta_path, or it was moved back); the fixes attached to the loaded modules, as after "
+                    "`import hotfix`", self.bypassed)
         except Exception as exc:
             _say("auto-activation failed, continuing without hotfix: %r" % (exc,))
 
@@ -411,7 +455,7 @@ def _is_ours(init):
 
 
 def load_hotfix(home):
-    """Import the hotfix package that lives in ``home``, whatever else is on sys.path."""
+    """Import the hotfix package that lives in ``home``, whatever else is on sys.path; True where this call loaded it."""
     import os  # already loaded by site; imported here so that boot() imports nothing
 
     package_dir = os.path.join(home, PACKAGE)
@@ -457,6 +501,7 @@ def load_hotfix(home):
     if shadow:
         _say("%s shadows the installed %s; hotfix was loaded from %s instead, so in this process "
              "`import hotfix` returns %s, not that file. Rename it to use both." % (shadow, DISTRIBUTION, package_dir, DISTRIBUTION))
+    return True
 
 
 def disabled(environ=None):

@@ -85,6 +85,19 @@ def test_plugin_installed_and_a_module_hotfix_needs_imported_first(tmp_path, fir
     assert hotfix_lines(proc.stderr) == [], proc.stderr
 
 
+@pytest.mark.parametrize("look_up", [
+    "import importlib.util; importlib.util.find_spec('foo_lib')",  # HAS_FOO = find_spec("foo_lib") at a script's top
+    "import importlib.util; importlib.util.find_spec('numpy')",  # any library outside the standard library
+])
+def test_plugin_installed_and_a_library_looked_up_first(tmp_path, look_up):
+    """With a plugin installed, a look-up of a module that is never executed (a script's ``HAS_NUMPY =
+    find_spec("numpy")``) used to take the activation with it: the finder armed on that spec alone, and the
+    plugin's fix stayed off for the process.  Now the first import that runs activates hotfix."""
+    proc = run_python(["-c", look_up + "\n" + PROBE], pythonpath=[_library(tmp_path, True)], timeout=120)
+    assert json_lines(proc.stdout) == [{"value": 11, "hotfix_loaded": True, "transformers_loaded": False}], proc.stderr
+    assert hotfix_lines(proc.stderr) == [], proc.stderr
+
+
 WHISPER_AFTER_LOGGING = textwrap.dedent(
     """
     import logging

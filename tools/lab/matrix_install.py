@@ -28,14 +28,26 @@ MATRIX = REPO / ".matrix"
 class Needs:
     #: install what the release requires (transformers: tokenizers, huggingface_hub, ... at its pins)
     dependencies: bool = False
+    #: install what the release requires that the venv lacks, the venv's HELD packages kept at their versions
+    #: (resolved by pip against the venv, then installed without dependencies: no second torch in the folder)
+    beside_venv: bool = False
     #: environment of the build; with it the build sees the venv's packages (no isolation, nothing downloaded)
     build_env: Mapping[str, str] = field(default_factory=dict)
     #: (major, minor) line -> requirements its install needs first, into the same folder (--no-deps leaves them out)
     pins: Mapping[Tuple[int, int], Tuple[str, ...]] = field(default_factory=dict)
 
 
+#: what a beside-venv install never puts in its folder in another version: the packages whose version is what the
+#: tests measure (torch, transformers and what transformers pins at import), and hotfix's own dependencies
+HELD = ("torch", "transformers", "huggingface-hub", "tokenizers", "safetensors", "numpy", "accelerate", "peft",
+        "wrapt", "packaging")
+
 NEEDS: Dict[str, Needs] = {
     "transformers": Needs(dependencies=True),
+    # the first-import census (tools/census/first_import.py): libraries a script imports before transformers
+    **{name: Needs(beside_venv=True) for name in (
+        "trl", "diffusers", "optimum", "sentence-transformers", "datasets", "evaluate", "lightning", "liger-kernel",
+        "bitsandbytes")},
     # PyPI has DeepSpeed as an sdist only: built without its C++ ops (its CPU accelerator needs none); the 0.10
     # line's setup.py imports deepspeed, whose config code is pydantic 1's (0.10 requires pydantic<2.0.0)
     "deepspeed": Needs(build_env={"DS_BUILD_OPS": "0"}, pins={(0, 10): ("pydantic<2.0.0",)}),
@@ -67,9 +79,26 @@ def install(name: str, version: str) -> Path:
     if needs.build_env:
         env.update(needs.build_env)
         pip.append("--no-build-isolation")
-    _pip([*pip, spec], env, spec)
+    _pip([*pip, *(_missing_from_venv(spec, env) if needs.beside_venv else [spec])], env, spec)
     (folder / ".complete").touch()
     return folder
+
+
+def _missing_from_venv(spec: str, env: Mapping[str, str]) -> list:
+    """``spec`` and every requirement of it the venv lacks, as pip resolves them with the venv's packages pinned."""
+    import json
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as scratch:
+        pins, report = Path(scratch) / "venv.txt", Path(scratch) / "report.json"
+        frozen = subprocess.run([sys.executable, "-m", "pip", "freeze", "--disable-pip-version-check"],
+                                capture_output=True, text=True, check=True).stdout
+        pins.write_text("".join(line + "\n" for line in frozen.splitlines()
+                                if line.partition("==")[0].lower().replace("_", "-") in HELD))
+        _pip([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--dry-run",
+              "--report", str(report), "-c", str(pins), spec], env, spec)
+        wanted = json.loads(report.read_text())["install"]
+    return [f"{item['metadata']['name']}=={item['metadata']['version']}" for item in wanted]
 
 
 def _pip(command: list, env: Mapping[str, str], spec: str) -> None:
