@@ -23,9 +23,11 @@
   creator) in the job's folder, ``hotfix-notice-<hash of the key>`` in the
   temporary folder (mode 0700, used only if it is this user's own folder); the
   others stay silent.  The job's first process removes the folder when it exits,
-  if hotfix was loaded there; where it never was (it imports transformers only
-  in the spawned function), the folder of empty files stays for the system's
-  temporary-file cleaning, under a name no other job can draw.  Where no claim
+  if hotfix was loaded there.  Where it never was (it imports transformers only
+  in the spawned function), or its processes ended without running ``atexit``
+  (``os._exit``, a kill), the folder stays until another job's first claim:
+  each claim names its process, and a folder untouched for a minute whose
+  claimants have all ended is removed then.  Where no claim
   can be made (no writable temporary folder) the process says its line: twice
   is better than never.
 """
@@ -100,12 +102,68 @@ def _claim(patch_name: str) -> bool:
         info = os.lstat(folder)
         if not stat.S_ISDIR(info.st_mode) or (hasattr(os, "geteuid") and info.st_uid != os.geteuid()):
             return True  # a link, or another user's: no claim there
-        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+        handle = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+        try:
+            os.write(handle, str(os.getpid()).encode())  # whose claim: a folder whose claimants all ended is stale
+        finally:
+            os.close(handle)
     except FileExistsError:
         return False  # a process of this job said it
     except Exception:  # no temporary folder, read-only, ...: say it
         return True
+    _remove_stale_job_folders(folder)
     return True
+
+
+#: a job folder untouched this long whose claimants have all ended is another job's leftover
+STALE_AFTER_S = 60
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except Exception:  # another user's process (PermissionError), or no way to ask: alive
+        return True
+    return True
+
+
+def _stale(folder: str, now: float) -> bool:
+    """Was ``folder`` left by a job whose processes all ended (``os._exit``, a kill: no atexit ran)?"""
+    info = os.lstat(folder)
+    if not stat.S_ISDIR(info.st_mode) or (hasattr(os, "geteuid") and info.st_uid != os.geteuid()):
+        return False  # a link, or another user's: never touched
+    if now - info.st_mtime < STALE_AFTER_S:
+        return False
+    for name in os.listdir(folder):
+        with open(os.path.join(folder, name), "rb") as handle:
+            text = handle.read(32).strip()
+        if text.isdigit() and _alive(int(text)):
+            return False
+    return True  # claims of ended processes, or empty ones (made before claims named their process)
+
+
+def _remove_stale_job_folders(mine: str) -> None:
+    """Other jobs' leftover folders go when a job makes its first claim (once per fix and job: rare)."""
+    import time
+
+    parent, now = os.path.dirname(mine), time.time()
+    try:
+        names = [name for name in os.listdir(parent) if name.startswith(CLAIM_PREFIX)]
+    except OSError:
+        return
+    for name in names:
+        folder = os.path.join(parent, name)
+        if folder == mine:
+            continue
+        try:
+            if _stale(folder, now):
+                for claim in os.listdir(folder):
+                    os.unlink(os.path.join(folder, claim))
+                os.rmdir(folder)
+        except Exception:  # another job removing it too, a file that is not ours: leave it
+            pass
 
 
 def _remove_job_folder(pid: int) -> None:

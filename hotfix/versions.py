@@ -8,7 +8,8 @@ are read and compared:
 
 * the distribution's metadata (``importlib.metadata``), and
 * the imported top-level module's ``__version__`` (only if it is already
-  imported: hotfix never imports a library to learn its version).
+  imported: hotfix never imports a library to learn its version), or where it
+  has none yet, the metadata in the folder it was imported from.
 
 The module's own ``__version__`` wins when it parses, since it belongs to the
 code that actually runs; otherwise the metadata's.  When the two disagree, or
@@ -74,7 +75,8 @@ class VersionEvidence:
     distribution: str
     found: bool  # a dist-info exists or the module is imported
     metadata: Optional[str]  # None: no dist-info, or its METADATA is gone
-    module: Optional[str]  # None: not imported, or no __version__
+    module: Optional[str]  # None: not imported, or neither __version__ nor metadata beside it
+    module_source: str = "__version__"  # where ``module`` was read: "__version__", or the metadata beside it
 
     @property
     def version(self) -> Optional[str]:
@@ -93,8 +95,8 @@ class VersionEvidence:
             chosen = "the module's" if self.version == self.module else "the metadata's"
             if self.version is None:
                 chosen = "neither"
-            return (f"{self.distribution} metadata says {self.metadata!r} but the imported module's __version__ "
-                    f"is {self.module!r}; using {chosen}")
+            return (f"{self.distribution} metadata says {self.metadata!r} but the imported module's "
+                    f"{self.module_source} is {self.module!r}; using {chosen}")
         if self.version is None:
             return (f"{self.distribution} version cannot be read (metadata {self.metadata!r}, module __version__ "
                     f"{self.module!r})")
@@ -111,6 +113,27 @@ class VersionEvidence:
         text = self.version or "unknown version"
         problem = self.problem()
         return f"{text}  (! {problem})" if problem else text
+
+
+def _metadata_beside(module, distribution: str) -> Optional[str]:
+    """The version in the metadata installed beside an imported package that has no ``__version__`` (yet: a fix's
+    target imported while the package's ``__init__`` still runs, as DeepSpeed's checkpointing module is, before
+    ``deepspeed.__version__`` is set): the ``sys.path`` folder holding the package holds its own dist-info, which may
+    be another release than the first one on sys.path (a release first on PYTHONPATH, another installed)."""
+    import os
+
+    where = getattr(module, "__file__", None)
+    if not where:
+        return None
+    folder = os.path.dirname(os.path.dirname(os.path.abspath(where)))
+    wanted = distribution.lower().replace("_", "-")
+    try:
+        for found in metadata.distributions(path=[folder]):
+            if (found.metadata["Name"] or "").lower().replace("_", "-") == wanted:
+                return found.version
+    except Exception:  # broken metadata must never break the user's program
+        return None
+    return None
 
 
 class VersionReader:
@@ -134,11 +157,14 @@ class VersionReader:
         top = (module or distribution.replace("-", "_")).split(".")[0]
         loaded = sys.modules.get(top)
         module_version = getattr(loaded, "__version__", None) if loaded is not None else None
+        source = "__version__"
+        if module_version is None and loaded is not None:
+            module_version, source = _metadata_beside(loaded, distribution), "metadata beside it"
         if module_version is not None and not isinstance(module_version, str):
             module_version = str(module_version)
         found = found or loaded is not None
         return VersionEvidence(distribution, found, meta_version if isinstance(meta_version, str) else None,
-                               module_version)
+                               module_version, source)
 
     def warn_once(self, evidence: VersionEvidence) -> None:
         problem = evidence.problem()

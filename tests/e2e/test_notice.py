@@ -120,3 +120,34 @@ def test_spawned_processes_of_one_job_say_each_line_once(tmp_path):
     (job,) = [r for r in results if "claims" in r]
     assert len(job["claims"]) == 1, job  # one child claimed the line; its sibling found the claim
     assert not os.path.exists(job["folder"]), job  # the job's first process took the claims away at its exit
+
+
+ENDS_WITHOUT_ATEXIT = textwrap.dedent(
+    """
+    import json, os, sys
+    from hotfix.notice import job_folder, repair_notice
+    repair_notice.say("some-fix", "a test", "upstream#0")
+    print(json.dumps({"folder": job_folder()}), flush=True)
+    os._exit(0)  # no atexit: the job folder stays behind
+    """
+)
+
+
+def test_a_job_that_ends_without_atexit_leaves_its_folder_to_the_next_job(tmp_path):
+    """Processes ending by ``os._exit`` or a kill (multiprocessing children, some launchers) left their
+    ``hotfix-notice-*`` folder for good (40 after a day of test runs).  The next job's first claim removes a
+    leftover whose claimants all ended and that is a minute old; a live job's folder is never touched."""
+    env = {"TMPDIR": str(tmp_path)}
+    first = run_python(["-c", ENDS_WITHOUT_ATEXIT], env=env, timeout=120)
+    (left,) = [r["folder"] for r in json_lines(first.stdout)]
+    assert os.path.isdir(left), first.stderr
+    os.utime(left, (os.path.getmtime(left) - 120,) * 2)  # a minute and more ago
+    live = tmp_path / "hotfix-notice-live"
+    live.mkdir(mode=0o700)
+    (live / "claim").write_text(str(os.getpid()))  # this test's own process: alive
+    os.utime(live, (os.path.getmtime(live) - 120,) * 2)
+    second = run_python(["-c", ENDS_WITHOUT_ATEXIT], env=env, timeout=120)
+    (mine,) = [r["folder"] for r in json_lines(second.stdout)]
+    assert mine != left and os.path.isdir(mine)
+    assert not os.path.exists(left), "the ended job's folder is still there"
+    assert live.is_dir(), "a live job's folder was removed"

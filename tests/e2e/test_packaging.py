@@ -46,6 +46,7 @@ ALLOWED = (
     "hotfix/diagnostics/*.py",
     "hotfix/patches/*.py",
     "_hotfix_boot.py",
+    "hotfix_state.py",  # the in-process check (hotfix/startup/state.py): importing it activates nothing
     "hotfix-checkpoint.pth",
     "hotfix-checkpoint.start",
 )
@@ -130,7 +131,7 @@ def test_the_wheel_ships_the_product_only(release):
     assert lab == [], lab
     for required in ("hotfix/__init__.py", "hotfix/auto.py", "hotfix/patch.py", "hotfix/registry.py",
                      "hotfix/diagnostics/doctor_models.py", "hotfix/patches/transformers_checkpoint_layer_io.py",
-                     "_hotfix_boot.py", "hotfix-checkpoint.pth", "hotfix-checkpoint.start"):
+                     "_hotfix_boot.py", "hotfix_state.py", "hotfix-checkpoint.pth", "hotfix-checkpoint.start"):
         assert required in names, (required, names)
 
 

@@ -152,3 +152,32 @@ def test_unreadable_version_leaves_the_decision_to_the_code(tmp_path):
     lines = hotfix_lines(proc.stderr)
     assert any("probe-lib version cannot be read" in l or "using neither" in l for l in lines), proc.stderr
     assert len([l for l in lines if "probe-drifted skipped" in l]) == 1, proc.stderr
+
+
+DEEPSPEED_GATE = textwrap.dedent(
+    """
+    import json, sys, warnings
+    warnings.simplefilter("ignore")
+    import importlib.metadata, deepspeed, hotfix_state
+    print(json.dumps({"metadata": importlib.metadata.version("deepspeed"), "imported": deepspeed.__version__,
+                      "applied": hotfix_state.applied().get("deepspeed-zero3-frozen-recompute")}))
+    """
+)
+
+
+def test_deepspeed_gate_reads_the_release_imported_not_the_first_metadata(tmp_path):
+    """DeepSpeed imports its checkpointing module (the fix's target) before it sets ``deepspeed.__version__``, so
+    the gate read the metadata first on sys.path alone: a 0.19.2 first on PYTHONPATH with 0.19.8's metadata found
+    first got "not needed here" and kept the crash.  Now the metadata beside the imported package decides (one line
+    names the disagreement)."""
+    from conftest import matrix_path
+
+    old, new = matrix_path("deepspeed", "0.19.2"), matrix_path("deepspeed", "0.19.8")
+    metadata_only = tmp_path / "metadata-only"
+    shutil.copytree(new / "deepspeed-0.19.8.dist-info", metadata_only / "deepspeed-0.19.8.dist-info")
+    proc = run_python(["-c", DEEPSPEED_GATE], pythonpath=[metadata_only, old], timeout=300)
+    (seen,) = json_lines(proc.stdout)
+    assert (seen["metadata"], seen["imported"]) == ("0.19.8", "0.19.2"), seen
+    assert seen["applied"] == ["torch.utils.checkpoint"], proc.stderr[-2000:]
+    assert any("deepspeed metadata says '0.19.8' but the imported module's metadata beside it is '0.19.2'" in line
+               for line in hotfix_lines(proc.stderr)), proc.stderr[-2000:]
