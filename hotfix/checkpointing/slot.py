@@ -37,6 +37,16 @@ SETTER = "_set_gradient_checkpointing"
 ENABLERS = (SETTER, "gradient_checkpointing_enable", "activation_checkpointing_enable", "__setstate__")
 
 
+def _told_by_identity(pretrained: type, method: str) -> bool:
+    """Does transformers tell an override of ``method`` from its own function by identity?  From 5.24
+    ``activation_checkpointing_enable`` calls the deprecated ``gradient_checkpointing_enable`` where a model
+    overrides it (``PreTrainedModel._is_overridden``: ``__func__ is not``): a wrapper there makes every model look
+    overridden, and each call says "gradient_checkpointing_enable is deprecated" for the method the user did not
+    call.  Left unwrapped, the alias calls ``activation_checkpointing_enable``, which is wrapped."""
+    return (method == "gradient_checkpointing_enable" and hasattr(pretrained, "_is_overridden")
+            and hasattr(pretrained, "activation_checkpointing_enable"))
+
+
 def slots_on(cls: type) -> Tuple["CheckpointFunctionSlot", ...]:
     """Every slot along ``cls``'s MRO (with the slots each displaced on its class), innermost (lowest rank) first."""
     found, wrappers = [], set()
@@ -185,7 +195,7 @@ class SlotCoverage:
         """Cover after every enabler of ``PreTrainedModel``, and the models that exist already."""
         pretrained = modeling_utils.PreTrainedModel
         for method in ENABLERS:
-            if hasattr(pretrained, method):
+            if hasattr(pretrained, method) and not _told_by_identity(pretrained, method):
                 self.patch.wrap(pretrained, method, self._cover_after)
         # Model classes from other modules exist (modeling_utils defines one base of its own): models
         # may have been set up before activation.  On the start-up hook's path none exist yet.
