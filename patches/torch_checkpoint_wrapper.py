@@ -45,13 +45,13 @@ def forward_through_transformers(fix: "TorchCheckpointWrapper") -> Callable:
         reentrant = getattr(getattr(instance, "checkpoint_impl", None), "name", None) == "REENTRANT"
         if isinstance(function, functools.partial) and reentrant:
             function = PackedKeywords(function.func, *function.args, **function.keywords)
-        if hands_a_cache(layer, kwargs):
+        if hands_a_cache(layer, args, kwargs):
             # Said for REENTRANT only: there the second write gives wrong gradients on every release measured; under
             # NO_REENTRANT some (5.14+, the census's Llama) train equal upstream, and no line may claim a repair there
             if reentrant:
                 fix.repaired("a layer checkpointed by torch's checkpoint_wrapper gets no Cache in training, as under "
                              "transformers' own checkpointing (its recomputation wrote the Cache a second time)")
-            kwargs = without_cache(kwargs)
+            args, kwargs = without_cache(args, kwargs)
         with checkpointed_by_transformers(layer, function):
             for slot_fix in routed_fixes(fix):
                 slot_fix.coverage.cover(layer)

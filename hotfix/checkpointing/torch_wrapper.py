@@ -31,7 +31,8 @@ __all__ = ["CLASS_NAME", "PackedKeywords", "checkpointed_by_transformers", "hand
 
 #: torch's module and class (``torch.distributed.algorithms._checkpoint.checkpoint_wrapper.CheckpointWrapper``)
 CLASS_NAME = "CheckpointWrapper"
-#: the keyword names under which transformers' layers receive a Cache (it drops them under its checkpointing)
+#: the keyword names under which transformers' layers receive a Cache (it drops them under its checkpointing); any
+#: ``transformers.cache_utils.Cache`` instance, by another name or positional, is one too (``_is_cache``)
 CACHE_KEYWORDS = ("past_key_value", "past_key_values", "layer_past")
 #: what says whether a layer is checkpointed (transformers' ``GradientCheckpointingLayer``)
 FLAG = "gradient_checkpointing"
@@ -61,23 +62,36 @@ def transformers_layer(module: Any) -> bool:
     return isinstance(layer_class, type) and isinstance(module, layer_class)
 
 
-def hands_a_cache(layer: Any, kwargs: dict) -> bool:
+def _is_cache(value: Any) -> bool:
+    """Is ``value`` a transformers Cache, whatever the name or place it is handed under (GPT-2's block takes it
+    positionally; 5.24's layers by ``cache=``)?  Read from the imported module only."""
+    cache_class = getattr(sys.modules.get("transformers.cache_utils"), "Cache", None)
+    return isinstance(cache_class, type) and isinstance(value, cache_class)
+
+
+def _is_cache_argument(name: str, value: Any) -> bool:
+    return value is not None and (name in CACHE_KEYWORDS or _is_cache(value))
+
+
+def hands_a_cache(layer: Any, args: tuple, kwargs: dict) -> bool:
     """Does this call hand ``layer`` a Cache that its recomputation would write again?
 
     5.x layers that only read the Cache say so (``_can_checkpoint_with_cache``): transformers keeps it for them.
     """
     if getattr(layer, "_can_checkpoint_with_cache", False):
         return False
-    return any(kwargs.get(name) is not None for name in CACHE_KEYWORDS)
+    return any(_is_cache(value) for value in args) or any(_is_cache_argument(*item) for item in kwargs.items())
 
 
-def without_cache(kwargs: dict) -> dict:
-    """``kwargs`` with no Cache and ``use_cache`` off, as transformers' checkpointing hands a layer in training (4.53+
-    does it in the layer; 4.52's layer leaves it to the model's forward, which does not know of the wrapper)."""
-    kept = {name: (None if name in CACHE_KEYWORDS else value) for name, value in kwargs.items()}
+def without_cache(args: tuple, kwargs: dict) -> Tuple[tuple, dict]:
+    """``args`` and ``kwargs`` with no Cache and ``use_cache`` off, as transformers' checkpointing hands a layer in
+    training (4.53+ does it in the layer, GPT-2's model passes None in the Cache's place; 4.52's layer leaves it to
+    the model's forward, which does not know of the wrapper)."""
+    args = tuple(None if _is_cache(value) else value for value in args)
+    kept = {name: (None if _is_cache_argument(name, value) else value) for name, value in kwargs.items()}
     if kept.get("use_cache"):
         kept["use_cache"] = False
-    return kept
+    return args, kept
 
 
 @contextlib.contextmanager

@@ -22,9 +22,12 @@ UPSTREAM = {
     "llama": ("8/21 parameter gradients equal", "Recomputed values for the following tensors have different metadata"),
     "whisper": ("18/88 parameter gradients equal", "A different number of tensors was saved"),
     "whisper-lora": ("element 0 of tensors does not require grad", "A different number of tensors was saved"),
+    # its block gets the Cache positionally: with hotfix too, "different metadata" under NO_REENTRANT until
+    # 2026-11-29 (the fix dropped Cache keywords only; now a Cache is found by what it is). Measured 2026-11-29
+    "gpt2": ("2/28 parameter gradients equal", "Recomputed values for the following tensors have different metadata"),
 }
 PLAIN = [f"plain:{model}:{impl}" for model in UPSTREAM for impl in ("reentrant", "no_reentrant")]
-FSDP2 = [f"fsdp2:{model}:{impl}" for model in UPSTREAM for impl in ("reentrant", "no_reentrant")]
+FSDP2 = [f"fsdp2:{model}:{impl}" for model in UPSTREAM if model != "gpt2" for impl in ("reentrant", "no_reentrant")]
 #: the workaround users are told (use_cache=False) trains equal upstream: hotfix changes nothing there
 WORKAROUND = ["plain:llama-nocache:reentrant", "plain:llama-nocache:no_reentrant"]
 TIMEOUT_S = 300

@@ -36,14 +36,26 @@ class Layer(GradientCheckpointingLayer):
 def test_a_cache_handed_to_a_layer_is_what_the_recomputation_would_write_again():
     layer, cache = Layer(), object()
     assert transformers_layer(layer) and not transformers_layer(torch.nn.Linear(1, 1))
-    assert hands_a_cache(layer, {"past_key_values": cache})
-    assert hands_a_cache(layer, {"past_key_value": cache}) and hands_a_cache(layer, {"layer_past": cache})
-    assert not hands_a_cache(layer, {"use_cache": True, "past_key_values": None})
+    assert hands_a_cache(layer, (), {"past_key_values": cache})
+    assert hands_a_cache(layer, (), {"past_key_value": cache}) and hands_a_cache(layer, (), {"layer_past": cache})
+    assert not hands_a_cache(layer, (), {"use_cache": True, "past_key_values": None})
+    assert not hands_a_cache(layer, (cache,), {})  # positional, and not a transformers Cache: not recognised
     layer._can_checkpoint_with_cache = True  # 5.x: a layer that only reads the Cache keeps it
-    assert not hands_a_cache(layer, {"past_key_values": cache})
-    assert without_cache({"past_key_values": cache, "use_cache": True, "scale": 2}) == {
-        "past_key_values": None, "use_cache": False, "scale": 2}
-    assert without_cache({"hidden": 1}) == {"hidden": 1}  # nothing added where the caller passed nothing
+    assert not hands_a_cache(layer, (), {"past_key_values": cache})
+    assert without_cache((), {"past_key_values": cache, "use_cache": True, "scale": 2}) == ((), {
+        "past_key_values": None, "use_cache": False, "scale": 2})
+    assert without_cache((1,), {"hidden": 1}) == ((1,), {"hidden": 1})  # nothing added where the caller passed nothing
+
+
+def test_a_transformers_cache_is_found_by_what_it_is_not_by_its_keyword():
+    """GPT-2's block takes its Cache positionally (accelerate's FSDP2 NO_REENTRANT: "different metadata" with
+    hotfix), 5.24's layers by ``cache=`` (REENTRANT: repaired without its line): a Cache instance is a Cache."""
+    from transformers.cache_utils import DynamicCache
+
+    layer, cache, hidden = Layer(), DynamicCache(), torch.zeros(1)
+    assert hands_a_cache(layer, (hidden, cache), {}) and hands_a_cache(layer, (hidden,), {"cache": cache})
+    assert without_cache((hidden, cache, 3), {"cache": cache, "use_cache": True}) == (
+        (hidden, None, 3), {"cache": None, "use_cache": False})
 
 
 @pytest.mark.parametrize("raises", [False, True])

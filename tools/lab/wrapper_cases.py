@@ -19,7 +19,7 @@ Every trainable parameter's gradient is compared (hotfix's one rule: a missing g
   model (torch's FSDP2; gloo on CPU), each rank on its share of the batch, gradients gathered
   (``full_tensor``); ``fsdp``: FSDP1 (``FullyShardedDataParallel``, ``use_orig_params=True``, each wrapped
   layer its own unit): needs an accelerator (torch's FSDP1 refuses the CPU).
-* MODEL ``llama``: a tiny Llama, ``use_cache`` at its config's default (True); ``llama-nocache``: the same
+* MODEL ``gpt2``: a tiny GPT-2 (its blocks get the Cache positionally); ``llama``: a tiny Llama, ``use_cache`` at its config's default (True); ``llama-nocache``: the same
   with ``use_cache=False`` (the workaround users are told); ``whisper``: a tiny Whisper, full fine-tuning;
   ``whisper-lora``: the same with PEFT LoRA on q_proj/v_proj and no input hook (its encoder layers get no
   input needing grad).
@@ -61,6 +61,12 @@ def build(model_name):
         model = ddp_cases.tiny_llama()
         if model_name == "llama-nocache":
             model.config.use_cache = False
+        ids = torch.randint(0, 64, (4, 8), generator=torch.Generator().manual_seed(0))
+        return model, {"input_ids": ids, "labels": ids.clone()}
+    if model_name == "gpt2":  # its block takes the Cache positionally (GPT2Model passes it so)
+        config = transformers.GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=2, n_head=2)
+        torch.manual_seed(0)
+        model = transformers.GPT2LMHeadModel(config)
         ids = torch.randint(0, 64, (4, 8), generator=torch.Generator().manual_seed(0))
         return model, {"input_ids": ids, "labels": ids.clone()}
     if model_name == "whisper":
