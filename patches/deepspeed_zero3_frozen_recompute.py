@@ -43,7 +43,8 @@ def alias_frozen_parameters(fix: Patch) -> Tuple[Callable, Callable]:
         wrapped(*args, **kwargs)
         torch_pack = getattr(instance, PACK_HOOK)
         aliased: list = []  # (parameter, its alias) of this recomputation
-        instance.__dict__[ALIASED] = aliased
+        frame_ref = args[0] if args else kwargs.get("target_frame_ref")  # the checkpoint's frame: its own check
+        instance.__dict__[ALIASED] = (frame_ref, aliased)
 
         def pack(x):
             if not x.requires_grad and getattr(x, "ds_id", None) is not None:  # ZeRO-3 marks its parameters
@@ -58,13 +59,29 @@ def alias_frozen_parameters(fix: Patch) -> Tuple[Callable, Callable]:
         try:
             return wrapped(*args, **kwargs)
         finally:
-            aliased = instance.__dict__.pop(ALIASED, ())
-            if any(parameter.shape != alias.shape for parameter, alias in aliased):
+            frame_ref, aliased = instance.__dict__.pop(ALIASED, (None, ()))
+            if aliased and _check_would_fail(frame_ref, aliased):
                 fix.repaired("the recomputation kept frozen ZeRO-3 parameters that ZeRO-3 partitioned after it "
                              "(without hotfix: 'Recomputed values ... different metadata')",
                              call="a non-reentrant checkpoint recomputed under DeepSpeed ZeRO-3")
 
     return save_frozen_parameters_as_aliases, say_where_partitioned
+
+
+def _check_would_fail(frame_ref: Any, aliased: list) -> bool:
+    """Would torch's own check of this checkpoint have failed on a partitioned parameter, saved as itself?  It
+    compares what the checkpoint's ``metadata_fn`` (its ``determinism_check``) says of the saved and the recomputed
+    tensor: ``determinism_check="none"`` compares nothing (upstream trains equal there: no repair to claim)."""
+    frame = frame_ref() if callable(frame_ref) else None
+    if frame is not None and hasattr(frame, "metadata_fn"):
+        metadata = frame.metadata_fn
+        if metadata is None:
+            return False
+        import torch
+
+        with torch.no_grad():
+            return any(metadata(parameter) != metadata(alias) for parameter, alias in aliased)
+    return any(parameter.shape != alias.shape for parameter, alias in aliased)  # a torch without the frame's rule
 
 
 class DeepspeedZero3FrozenRecompute(Patch):

@@ -57,22 +57,24 @@ class Layer(nn.Module):
 
 
 class Model(nn.Module):
-    def __init__(self, checkpointing: bool) -> None:
+    def __init__(self, checkpointing: bool, determinism_check: str = "default") -> None:
         super().__init__()
         torch.manual_seed(0)
         self.embed = nn.Linear(8, 8)
         self.layers = nn.ModuleList([Layer(8, 1), Layer(8, 2)])
         self.checkpointing = checkpointing
+        self.determinism_check = determinism_check
 
     def forward(self, x):
         x = self.embed(x)
         for layer in self.layers:
-            x = torch_checkpoint.checkpoint(layer, x, use_reentrant=False) if self.checkpointing else layer(x)
+            x = (torch_checkpoint.checkpoint(layer, x, use_reentrant=False, determinism_check=self.determinism_check)
+                 if self.checkpointing else layer(x))
         return x.square().mean()
 
 
-def grads(checkpointing: bool) -> dict:
-    model = Model(checkpointing)
+def grads(checkpointing: bool, determinism_check: str = "default") -> dict:
+    model = Model(checkpointing, determinism_check)
     model(torch.randn(4, 8, generator=torch.Generator().manual_seed(1))).backward()
     return collect_grads(model)
 
@@ -103,6 +105,28 @@ def test_with_the_fix_every_gradient_equals_the_model_without_checkpointing(fixe
     assert "repaired" in said and patch.name in said, said
 
 
+def test_no_repair_claimed_where_torch_checks_nothing(fixed, monkeypatch):
+    """``determinism_check="none"``: torch compares no metadata, so upstream trains equal (measured here) and the
+    repair line would be false; it used to be said.  With the default check it is said (the test above)."""
+    reference = grads(checkpointing=False)
+    upstream = compare_grads(reference, _unfixed_grads())
+    assert upstream.ok and not upstream.missing, upstream.summary()
+    claims = []
+    monkeypatch.setattr(patch, "repaired", lambda *args, **kwargs: claims.append(args))
+    found = compare_grads(reference, grads(checkpointing=True, determinism_check="none"))
+    assert found.ok and not found.missing and claims == [], (found.summary(), claims)
+    grads(checkpointing=True)
+    assert len(claims) >= 1  # the default check: said
+
+
+def _unfixed_grads() -> dict:
+    patch.revert()
+    try:
+        return grads(checkpointing=True, determinism_check="none")
+    finally:
+        patch._apply(torch_checkpoint)
+
+
 def test_only_zero3_parameters_become_aliases_and_the_list_goes_with_exit(fixed):
     """A frozen tensor without ``ds_id`` (a plain frozen weight, a buffer) passes unchanged; a frozen ZeRO-3
     parameter as an alias of its data.  The (parameter, alias) list goes with the hook's ``__exit__``: after it the
@@ -119,6 +143,6 @@ def test_only_zero3_parameters_become_aliases_and_the_list_goes_with_exit(fixed)
     zero.ds_id = 7
     hook.pack_hook(zero)
     assert received[0] is plain and received[1] is not zero and received[1].data_ptr() == zero.data_ptr()
-    assert [p for p, _ in hook.__dict__[ALIASED]] == [zero]
+    assert [p for p, _ in hook.__dict__[ALIASED][1]] == [zero]
     patch._wrappers[1](lambda *a, **k: None, hook, (None, None, None), {})
     assert ALIASED not in hook.__dict__
