@@ -96,3 +96,24 @@ def test_no_repair_line_where_nothing_was_wrong(tmp_path):
     results, stderr = launch(tmp_path / "quiet", WORKAROUND, 0, disabled=False)
     assert all(found["ok"] and found["equal"] for found in results[0]["cases"].values()), results
     assert repair_notices(stderr) == [], stderr[-2000:]
+
+
+def test_a_cache_by_another_keyword_is_repaired_and_said(tmp_path):
+    """transformers 5.24 hands its layers the Cache as ``cache=``: REENTRANT trains wrong upstream; hotfix routed the
+    layer through transformers' checkpointing (which drops it) but looked for the Cache under the older keywords
+    only, so it said nothing of the repair.  A Cache is now found by what it is: equal, and the line names the fix."""
+    from conftest import matrix_path
+
+    newest = [matrix_path("transformers", "5.24.0")]
+    case = "plain:llama:reentrant"
+    upstream, _ = launch_ranks(tmp_path / "up", LAB / "wrapper_cases.py", [case], 0, disabled=True,
+                               pythonpath=newest, timeout=TIMEOUT_S)
+    fixed, proc = launch_ranks(tmp_path / "hf", LAB / "wrapper_cases.py", [case], 0, pythonpath=newest,
+                               timeout=TIMEOUT_S)
+    assert upstream[0]["transformers"] == fixed[0]["transformers"] == "5.24.0"
+    found = upstream[0]["cases"][case]
+    assert found["ok"] and not found["equal"], found  # silently wrong gradients upstream
+    found = fixed[0]["cases"][case]
+    assert found["ok"] and found["equal"] and found["missing"] == 0, found
+    notices = repair_notices(proc.stderr)
+    assert len(notices) == 1 and FIX in notices[0] and "Cache" in notices[0], notices

@@ -6,9 +6,11 @@ CPU (DeepSpeed's CPU accelerator, gloo where oneCCL is absent; the caller sets l
 GLOO_SOCKET_IFNAME=lo), or where DeepSpeed's accelerator is CUDA the rank's GPU and NCCL (the GPU kit's 1-GPU
 case), with DeepSpeed on PYTHONPATH (installed from its sdist with DS_BUILD_OPS=0: no C++ op is
 built).  Case names: ``zero{2,3}:{lora,full,whisper,whisper-lora}:{reentrant,nonreentrant,deepspeed,
-deepspeed-partitioned}`` (``deepspeed``: DeepSpeed's own ``deepspeed.checkpointing.checkpoint`` as the layers'
-checkpoint function, set as a user would with transformers' ``_set_gradient_checkpointing``; ``-partitioned``: with
-its ``activation_checkpointing`` options ``partition_activations`` and ``cpu_checkpointing`` on), and
+deepspeed-partitioned,deepspeed-cpu}`` (``deepspeed``: DeepSpeed's own ``deepspeed.checkpointing.checkpoint`` as the
+layers' checkpoint function, set as a user would with transformers' ``_set_gradient_checkpointing``; ``-partitioned``:
+with its ``activation_checkpointing`` options ``partition_activations`` and ``cpu_checkpointing`` on; ``-cpu``:
+``cpu_checkpointing`` alone, an accelerator's path: on the CPU accelerator DeepSpeed's host copy of an input is the
+input itself, emptied with it, so every model fails there with or without hotfix), and
 ``trainer-zero{2,3}:whisper:{reentrant,nonreentrant}``: transformers' Seq2SeqTrainer with a ``deepspeed`` config
 (its losses compared where the other cases compare gradients).  Each case builds the model
 twice, the same seed, and trains each through ``deepspeed.initialize`` (fp32, a client SGD optimizer, each rank on
@@ -75,8 +77,9 @@ def train(recipe: str, mode: str, stage: int, rank: int, world: int):
         # its function reads its options from module state: set from a config's "activation_checkpointing" section
         # as a user does (``deepspeed.checkpointing.configure``), both off for ``deepspeed`` (its defaults)
         partitioned = mode == "deepspeed-partitioned"
+        on_host = mode in ("deepspeed-partitioned", "deepspeed-cpu")  # -cpu: cpu_checkpointing alone (its GPU path)
         deepspeed.checkpointing.configure(None, deepspeed_config={**config(stage, world), "activation_checkpointing": {
-            "partition_activations": partitioned, "cpu_checkpointing": partitioned}})
+            "partition_activations": partitioned, "cpu_checkpointing": on_host}})
     if recipe == "whisper":
         import tiny_models
 
