@@ -79,6 +79,14 @@ def triggers_text():
     names = sorted(TRIGGERS)
     return ", ".join(names[:-1]) + " or " + names[-1]
 
+# A torch-only script (a plain module, a Hub model's own code, timm, diffusers' UNet calling torch's reentrant
+# checkpoint under DDP(find_unused_parameters=True)) imports no trigger.  Activating at `import torch` would cost every
+# torch process hotfix's import; so after torch's import the start-up hook only puts a watch on this class's
+# __init__ (a plain function, no import): the first DDP built activates hotfix, and the watch goes (it goes too where a
+# trigger activates first), leaving torch's own __init__ in place.
+WATCHED = "torch"
+DDP_MODULE, DDP_CLASS = "torch.nn.parallel.distributed", "DistributedDataParallel"
+
 # Third-party fixes declare themselves in this entry-point group; their targets
 # are only known once their module is imported, which the start-up hook cannot
 # do.  So when any distribution other than hotfix-checkpoint declares the group,
@@ -216,6 +224,17 @@ class _ActivateAroundExec(LoaderProxy):
         self._finder.activate_when_possible()
 
 
+class _WatchDdpAfterExec(LoaderProxy):
+    """Loader proxy of torch's import (no trigger imported yet): once torch ran, watch its DDP (``WATCHED``)."""
+
+    def __init__(self, loader, finder):
+        super().__init__(loader)
+        self._finder = finder
+
+    def after(self, module):
+        self._finder.watch_ddp()
+
+
 class ActivateOnFirstImport:
     """A meta path finder that finds nothing itself; it hands out the first imports' specs with an activating loader.
 
@@ -242,6 +261,7 @@ class ActivateOnFirstImport:
         self._searching = set()  # thread ids inside our own find_spec (finders may recurse)
         self._third_party = None  # unknown until the first top-level import outside the standard library
         self._once = _thread.allocate_lock()  # two threads' first imports (transformers, unsloth) activate once
+        self._ddp_watch = None  # (DDP class, its __init__, the watch standing in its place) while watching
 
     def find_spec(self, fullname, path=None, target=None):
         if self.finished or target is not None or path is not None:
@@ -250,6 +270,8 @@ class ActivateOnFirstImport:
             return None  # importing hotfix activates it; its own imports are put off (can_activate)
         if self.bypassed is None and not self.due:
             self._notice_bypass()
+        if fullname == WATCHED and not self.due and not self._third_party_fixes_installed():
+            return self._watching_spec(fullname)  # (with third-party fixes torch's import carries the activation)
         if fullname not in TRIGGERS and not self.due and (
                 fullname in STARTUP_NAMES or fullname in STANDARD_LIBRARY or not self._third_party_fixes_installed()):
             return None
@@ -265,6 +287,48 @@ class ActivateOnFirstImport:
             return None  # not found, or a loader we cannot wrap: the import system goes on
         spec.loader = _ActivateAroundExec(spec.loader, self, fullname if fullname in TRIGGERS else None)
         return spec
+
+    def _watching_spec(self, fullname):
+        me = _thread.get_ident()
+        if me in self._searching:
+            return None
+        self._searching.add(me)
+        try:
+            spec = spec_behind(self, fullname)
+        finally:
+            self._searching.discard(me)
+        if not wrappable(spec):
+            return None
+        spec.loader = _WatchDdpAfterExec(spec.loader, self)
+        return spec
+
+    def watch_ddp(self):
+        """Put the watch on torch's DDP ``__init__`` (module comment at ``WATCHED``); never raises."""
+        try:
+            ddp = getattr(sys.modules.get(DDP_MODULE), DDP_CLASS, None)
+            original = ddp.__dict__.get("__init__") if isinstance(ddp, type) else None
+            if self.finished or original is None or self._ddp_watch is not None:
+                return
+            finder = self
+
+            def __init__(instance, *args, **kwargs):
+                finder.unwatch_ddp()  # torch's own __init__ back on the class before hotfix applies its fixes
+                finder.activate_when_possible()
+                return ddp.__init__(instance, *args, **kwargs)
+
+            __init__.__wrapped__ = original
+            self._ddp_watch = (ddp, original, __init__)
+            ddp.__init__ = __init__
+        except Exception as exc:  # never break torch's import
+            _say("could not watch torch's DistributedDataParallel (%r); a torch-only script needs `import hotfix`"
+                 % (exc,))
+
+    def unwatch_ddp(self):
+        watch, self._ddp_watch = self._ddp_watch, None
+        if watch is not None:
+            ddp, original, installed = watch
+            if ddp.__dict__.get("__init__") is installed:
+                ddp.__init__ = original
 
     def _notice_bypass(self):
         """A trigger in sys.modules whose code did not run under this finder's loader was loaded past it:
@@ -329,6 +393,7 @@ class ActivateOnFirstImport:
             if self.finished:
                 return
             self.finished = True
+        self.unwatch_ddp()
         try:
             loaded = load_hotfix(self.home)
             if loaded and self.bypassed:
