@@ -53,9 +53,10 @@ def status(import_targets: bool = True, out=None, verbose: bool = False) -> int:
     write = lambda text="": print(text, file=out)  # noqa: E731
     patches = registry.patches()
     problems = _import_targets(patches) if import_targets and registry.active else {}
-    write(f"hotfix {hotfix.__version__} (distribution hotfix-checkpoint)  {'active' if registry.active else 'INACTIVE'}"
-          " in this `hotfix status` process, which imports the fixes' targets itself; what your script's own process"
-          " got: `import hotfix_state; print(hotfix_state.report())` in it")
+    # this process's own state: a script's process may differ (it is asked there: `import hotfix_state`)
+    write(f"hotfix {hotfix.__version__} (distribution hotfix-checkpoint), in this `hotfix status` process (your "
+          f"script's own: `import hotfix_state; print(hotfix_state.report())` in it):  "
+          f"{'active' if registry.active else 'INACTIVE'}")
     write("start-up hook: " + startup_hook(os.path.dirname(hotfix.__file__), registry.settings.disabled))
     write("libraries: " + "; ".join(f"{dist} {reader.evidence(dist, module).describe()}"
                                     for dist, module in REPORTED_LIBRARIES.items()))
