@@ -340,7 +340,9 @@ class ActivateOnFirstImport:
         the front shifts no finder that comes after it, so this import asks each of them as it would have."""
         for name in TRIGGERS:
             module = sys.modules.get(name)
-            if module is not None and name not in self.executing:
+            # a module made by hand and put in sys.modules (no __spec__: a stand-in, a test's stub) was never
+            # imported: not a bypass
+            if module is not None and name not in self.executing and getattr(module, "__spec__", None) is not None:
                 loader = getattr(getattr(module, "__spec__", None), "loader", None)
                 self.bypassed = "%s (loaded by %s)" % (name, type(loader).__name__ if loader else "no loader")
                 self.due = True

@@ -47,6 +47,7 @@ UNPATCHED_BROKEN = {
     "4.57.6": _ALL,
     "5.0.0": _CUSTOM | {"deberta-v2", "wavlm", "pvt-v2"},
     "5.23.0": _CUSTOM | {"deberta-v2", "wavlm", "pvt-v2"},
+    "5.24.0": _CUSTOM | {"deberta-v2", "wavlm", "pvt-v2"},  # measured 2026-11-29
 }
 
 

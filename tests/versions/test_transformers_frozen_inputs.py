@@ -23,7 +23,8 @@ AFFECTED_BELOW = Version("5.0.0")
 # Measured upstream (torch 2.13.0 CPU): on every 4.x release of the matrix the
 # encoder's 8 q/v tensors (2 layers x q,v x weight,bias or LoRA A,B) get no
 # gradient; 5.x hooks the encoder's conv1 in enable_input_require_grads().
-MISSING_UPSTREAM = {"4.52.4": 8, "4.53.3": 8, "4.56.2": 8, "4.57.6": 8, "5.0.0": 0, "5.23.0": 0}
+MISSING_UPSTREAM = {"4.52.4": 8, "4.53.3": 8, "4.56.2": 8, "4.57.6": 8, "5.0.0": 0, "5.23.0": 0,
+                    "5.24.0": 0}  # 5.24.0: measured 2026-11-29
 
 # One child interpreter: every case given on the command line, one JSON line each.
 CHILD = r"""
