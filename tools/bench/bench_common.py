@@ -20,7 +20,7 @@ LAB = REPO / "tools" / "lab"  # tiny models, zoo_loader, simulated device
 
 # Children run outside the checkout, so that its hotfix/ source tree never shadows the installed one.
 CHILD_CWD = Path(os.environ.get("HOTFIX_BENCH_DIR", "/tmp/hotfix-bench"))
-HOTFIX_ENTRIES = ("hotfix", "_hotfix_boot.py", "hotfix-checkpoint.pth", "hotfix-checkpoint.start")
+HOTFIX_ENTRIES = ("hotfix", "_hotfix_boot.py", "hotfix_state.py", "hotfix-checkpoint.pth", "hotfix-checkpoint.start")
 
 
 # ---------------------------------------------------------------------------- helpers
