@@ -6,7 +6,7 @@ A checkpoint function is handed the layer's call: a bound ``layer.__call__`` / `
 call, for every fix that needs the layer (frozen inputs, DDP, the forks' checkpoints, the wrappers below):
 breadth first, nearest first and never into a module, through partials (the modules among their bound
 arguments, then their function), ``__self__`` (bound methods; hotfix's wrappers), ``__wrapped__`` chains
-and closure cells.  :func:`layer_of` is the nearest of them.
+and closure cells (a module, a callable, or a tuple / list of modules: a sequence's segment runner).  :func:`layer_of` is the nearest of them.
 
 hotfix's fixes hand the checkpoint function their own wrapper of the call instead (``FlatOutputs``,
 ``SharedStateWrites``; the lifting, anchor and DDP closures, each in a :class:`ShownCall`), and third-party
@@ -61,6 +61,13 @@ def _modules(function: Any) -> Iterator[nn.Module]:
                 continue
             if isinstance(value, nn.Module) or (callable(value) and not isinstance(value, type)):
                 pending.append(value)
+            elif isinstance(value, (tuple, list)):
+                # a segment runner over a sequence of blocks (timm's checkpoint_seq closes over them as a tuple):
+                # each block is a module it may call, counted apart from the search limit (a model has many)
+                for block in value:
+                    if isinstance(block, nn.Module) and id(block) not in seen:
+                        seen.add(id(block))
+                        yield block
 
 
 def modules_called(function: Any) -> List[nn.Module]:

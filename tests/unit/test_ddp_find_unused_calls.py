@@ -288,3 +288,53 @@ def test_the_drift_check_follows_checkpoint_into_the_helper_torch_2_14_calls(sha
     exec(compile(source, "<torch.utils.checkpoint>", "exec"), module.__dict__)
     found = direct_fix.drift(module)
     assert found == (None if shape != "nothing calls it" else "checkpoint() no longer calls CheckpointFunction.apply")
+
+
+class Sequence(nn.Module):
+    """Blocks run in segments, each segment a closure over the whole tuple of blocks and its bounds, checkpointed
+    reentrantly: the shape of timm's ``checkpoint_seq`` (its models under ``set_grad_checkpointing(True)`` with
+    reentrant checkpointing opted in), a parameter never used."""
+
+    def __init__(self, checkpointing):
+        super().__init__()
+        torch.manual_seed(0)
+        self.blocks = nn.Sequential(*(Layer() for _ in range(3)))
+        self.checkpointing = checkpointing
+
+    def forward(self, x):
+        blocks = tuple(self.blocks.children())
+
+        def segment(start, end):
+            def run(hidden):
+                for index in range(start, end + 1):
+                    hidden = blocks[index](hidden)
+                return hidden
+            return run
+
+        if not self.checkpointing:
+            return self.blocks(x).sum()
+        for start in range(0, len(blocks), 2):  # segments of two blocks, the last of one
+            x = checkpoint(segment(start, min(start + 1, len(blocks) - 1)), x, use_reentrant=True)
+        return x.sum()
+
+
+def test_blocks_in_a_tuple_inside_the_checkpointed_closure(one_rank):
+    """torch-ddp-find-unused found no layer in a closure holding its blocks as a tuple (timm's checkpoint_seq): "ready
+    only once" with the fix applied.  Each block of the tuple is now a module the call may run: equal."""
+    import torch.utils.checkpoint as torch_checkpoint
+
+    def grads(checkpointing):
+        model = Sequence(checkpointing)
+        ddp = nn.parallel.DistributedDataParallel(model, find_unused_parameters=True)
+        ddp(torch.randn(4, 4, generator=torch.Generator().manual_seed(1)).requires_grad_(True)).backward()
+        return collect_grads(model)
+
+    reference = grads(False)
+    with pytest.raises(RuntimeError, match=FIND_UNUSED):
+        grads(True)
+    assert direct_fix.apply(torch_checkpoint)
+    try:
+        report = compare_grads(reference, grads(True), rtol=1e-6)
+    finally:
+        direct_fix.revert()
+    assert report.ok and not report.missing and len(report.equal) == 9, report.summary()  # never_used: none in both
