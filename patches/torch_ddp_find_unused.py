@@ -52,7 +52,7 @@ def apply_with_visible_parameters(fix: Patch) -> Callable:
     Applied while ``import torch`` is still running (torch imports its checkpoint module itself): what the wrapper
     needs of torch, DDP and dynamo is looked up at its first call, by which time that import has finished.
     """
-    bound: list = []  # (searching_ddp, trainable_slots, with_parameters_as_inputs, modules_called, ...) once known
+    bound: list = []  # (searching_ddp, trainable_slots, with_parameters_as_inputs, modules_maybe_called, ...) once known
 
     def recomputing() -> None:
         fix.repaired("a layer's parameters became checkpoint inputs, seen by DDP's search for unused ones",
@@ -67,7 +67,7 @@ def apply_with_visible_parameters(fix: Patch) -> Callable:
             from hotfix.checkpointing.ddp import (ddp_drift, searching_ddp, trainable_slots, unused_reporter,
                                                   with_parameters_as_inputs)
             from hotfix.checkpointing.inputs import anchored, first_input_needs_grad
-            from hotfix.checkpointing.layer_call import modules_called
+            from hotfix.checkpointing.layer_call import modules_maybe_called
             from hotfix.checkpointing.unsloth import FirstInputRule
 
             keep_dynamo_out_of_hotfix()  # its compiler must not trace hotfix's frames
@@ -81,24 +81,26 @@ def apply_with_visible_parameters(fix: Patch) -> Callable:
                     return anchored(function, inputs, first=True)
                 return function, inputs
 
-            bound.append((searching_ddp, trainable_slots, with_parameters_as_inputs, modules_called,
+            bound.append((searching_ddp, trainable_slots, with_parameters_as_inputs, modules_maybe_called,
                           torch.is_grad_enabled, torch.compiler.is_compiling, unused_reporter(fix), anchor_first))
         return bound[0]
 
     def expose_parameters_to_ddp(wrapped, instance, args, kwargs):  # named: a wrapper chain reads which fix is where
-        (searching_ddp, trainable_slots, with_parameters_as_inputs, modules_called, is_grad_enabled, is_compiling,
-         unused, anchor_first) = helpers()
+        (searching_ddp, trainable_slots, with_parameters_as_inputs, modules_maybe_called, is_grad_enabled,
+         is_compiling, unused, anchor_first) = helpers()
         if kwargs or len(args) < 2 or searching_ddp() is None or not is_grad_enabled() or is_compiling():
             return wrapped(*args, **kwargs)
         function, preserve, inputs = args[0], args[1], args[2:]
         present = {id(item) for item in inputs}
         # transformers-ddp-find-unused has passed them already where the call came through transformers
-        slots = [slot for slot in trainable_slots(modules_called(function)) if id(slot[2]) not in present]
+        modules, in_sequences = modules_maybe_called(function)
+        slots = [slot for slot in trainable_slots(modules) if id(slot[2]) not in present]
         if not slots:
             return wrapped(*args, **kwargs)
         parameters = tuple({id(p): p for _, _, p in slots}.values())
+        maybe_run = frozenset(id(p) for _, _, p in trainable_slots(in_sequences)) if in_sequences else frozenset()
         function, inputs = anchor_first(function, inputs)
-        function = with_parameters_as_inputs(function, len(inputs), slots, parameters, recomputing, unused)
+        function = with_parameters_as_inputs(function, len(inputs), slots, parameters, recomputing, unused, maybe_run)
         return wrapped(function, preserve, *inputs, *parameters)
 
     return expose_parameters_to_ddp

@@ -44,7 +44,8 @@ def trainable_slots(modules: List[Any]) -> List[Tuple[Any, str, Any]]:
 
 def with_parameters_as_inputs(function: Callable, count: int, slots: List[Tuple[Any, str, Any]],
                               parameters: Tuple[Any, ...], recomputing: Callable[[], None],
-                              unused: Optional[Callable[[List[str]], None]] = None) -> Callable:
+                              unused: Optional[Callable[[List[str]], None]] = None,
+                              maybe_run: frozenset = frozenset()) -> Callable:
     """``function`` for a checkpoint call whose inputs are its ``count`` inputs followed by ``parameters``.
 
     The checkpoint's forward hands the parameters themselves: the layer runs as it is.  The
@@ -53,7 +54,9 @@ def with_parameters_as_inputs(function: Callable, count: int, slots: List[Tuple[
     the copies, which the checkpoint returns as the gradients of its parameter inputs.  ``recomputing``
     is called then: where upstream's recomputation would have marked those parameters ready again.
     ``unused``, where given, hears at the end of that backward the names of the parameters whose copies got no
-    gradient (a MoE expert no token reached): DDP's search counted them as used (:func:`unused_reporter`).
+    gradient (a MoE expert no token reached): DDP's search counted them as used (:func:`unused_reporter`); not of
+    those in ``maybe_run`` (ids of parameters of blocks a segment runner holds but may not run: another call runs
+    them).
     Shows the layer as ``function`` does (``checkpointing.layer_call``).
     """
     from hotfix.checkpointing.layer_call import ShownCall  # imports torch: only when called
@@ -69,7 +72,8 @@ def with_parameters_as_inputs(function: Callable, count: int, slots: List[Tuple[
             owner._parameters[name] = twins[id(parameter)]
         if unused is not None:
             _after_backward(lambda: unused(_names(function, [(owner, name) for owner, name, parameter in slots
-                                                             if twins[id(parameter)].grad is None])))
+                                                             if twins[id(parameter)].grad is None
+                                                             and id(parameter) not in maybe_run])))
         try:
             return function(*inputs)
         finally:

@@ -23,17 +23,19 @@ from __future__ import annotations
 
 import functools
 from collections import deque
-from typing import Any, Callable, Iterator, List, Optional
+from typing import Any, Callable, Iterator, List, Optional, Tuple
 
 from torch import nn
 
-__all__ = ["LayerCallWrapper", "ShownCall", "layer_of", "modules_called"]
+__all__ = ["LayerCallWrapper", "ShownCall", "layer_of", "modules_called", "modules_maybe_called"]
 
 #: how many objects one lookup looks at (partials of partials, wrappers of wrappers, closures of closures)
 SEARCH_LIMIT = 32
 
 
-def _modules(function: Any) -> Iterator[nn.Module]:
+def _modules(function: Any, sequences: Optional[set] = None) -> Iterator[nn.Module]:
+    """The modules behind ``function``; those found in a tuple / list of a closure have their ids added to
+    ``sequences`` where given (a segment runner may call any of them, not each)."""
     pending, seen = deque((function,)), set()
     while pending and len(seen) < SEARCH_LIMIT:
         item = pending.popleft()
@@ -67,12 +69,22 @@ def _modules(function: Any) -> Iterator[nn.Module]:
                 for block in value:
                     if isinstance(block, nn.Module) and id(block) not in seen:
                         seen.add(id(block))
+                        if sequences is not None:
+                            sequences.add(id(block))
                         yield block
 
 
 def modules_called(function: Any) -> List[nn.Module]:
     """The ``nn.Module`` objects the checkpointed ``function`` calls, nearest first, found without calling it."""
     return list(_modules(function))
+
+
+def modules_maybe_called(function: Any) -> Tuple[List[nn.Module], List[nn.Module]]:
+    """``(modules_called(function), those of them a segment runner holds in a sequence)``: the call may run any
+    of the latter, not necessarily each (timm's ``checkpoint_seq`` closes over every block, runs a few)."""
+    sequences: set = set()
+    found = list(_modules(function, sequences))
+    return found, [module for module in found if id(module) in sequences]
 
 
 def layer_of(function: Any) -> Optional[nn.Module]:
