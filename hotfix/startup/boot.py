@@ -271,24 +271,17 @@ class ActivateOnFirstImport:
         if self.bypassed is None and not self.due:
             self._notice_bypass()
         if fullname == WATCHED and not self.due and not self._third_party_fixes_installed():
-            return self._watching_spec(fullname)  # (with third-party fixes torch's import carries the activation)
+            # (with third-party fixes torch's import carries the activation itself, below)
+            return self._spec_behind(fullname, lambda loader: _WatchDdpAfterExec(loader, self))
         if fullname not in TRIGGERS and not self.due and (
                 fullname in STARTUP_NAMES or fullname in STANDARD_LIBRARY or not self._third_party_fixes_installed()):
             return None
-        me = _thread.get_ident()
-        if me in self._searching:
-            return None
-        self._searching.add(me)
-        try:
-            spec = spec_behind(self, fullname, path)
-        finally:
-            self._searching.discard(me)
-        if not wrappable(spec):
-            return None  # not found, or a loader we cannot wrap: the import system goes on
-        spec.loader = _ActivateAroundExec(spec.loader, self, fullname if fullname in TRIGGERS else None)
-        return spec
+        trigger = fullname if fullname in TRIGGERS else None
+        return self._spec_behind(fullname, lambda loader: _ActivateAroundExec(loader, self, trigger))
 
-    def _watching_spec(self, fullname):
+    def _spec_behind(self, fullname, proxy):
+        """The spec the finders behind this one give for ``fullname``, its loader wrapped by ``proxy(loader)``;
+        None where none is found or its loader cannot be wrapped (the import system goes on)."""
         me = _thread.get_ident()
         if me in self._searching:
             return None
@@ -299,7 +292,7 @@ class ActivateOnFirstImport:
             self._searching.discard(me)
         if not wrappable(spec):
             return None
-        spec.loader = _WatchDdpAfterExec(spec.loader, self)
+        spec.loader = proxy(spec.loader)
         return spec
 
     def watch_ddp(self):
