@@ -38,9 +38,11 @@ UPSTREAM = {
 }
 # Patches applied by hotfix, per release.
 APPLIED = {
-    "2025.11.3": {"unsloth-zoo-closure-tensors", "unsloth-zoo-offload-backward", "unsloth-zoo-nonreentrant-offload"},
-    "2025.11.5": {"unsloth-zoo-closure-tensors", "unsloth-zoo-offload-backward", "unsloth-zoo-nonreentrant-offload"},
-    "2026.8.9": {"unsloth-zoo-closure-tensors", "unsloth-zoo-offload-backward"},
+    "2025.11.3": {"unsloth-zoo-closure-tensors", "unsloth-zoo-offload-backward", "unsloth-zoo-nonreentrant-offload",
+                  "unsloth-zoo-pinned-memory"},
+    "2025.11.5": {"unsloth-zoo-closure-tensors", "unsloth-zoo-offload-backward", "unsloth-zoo-nonreentrant-offload",
+                  "unsloth-zoo-pinned-memory"},
+    "2026.8.9": {"unsloth-zoo-closure-tensors", "unsloth-zoo-offload-backward", "unsloth-zoo-pinned-memory"},
     "2026.10.9": {"unsloth-zoo-closure-tensors"},
 }
 VERSIONS = [v for v in matrix_versions("unsloth-zoo") if v in UPSTREAM]
@@ -283,7 +285,8 @@ def test_drift_skips_with_one_warning_each():
     lines = json_lines(proc.stdout)
     assert len(lines) == 1, proc.stderr[-3000:]
     got = lines[0]
-    zoo_fixes = {"unsloth-zoo-closure-tensors", "unsloth-zoo-offload-backward", "unsloth-zoo-nonreentrant-offload"}
+    zoo_fixes = {"unsloth-zoo-closure-tensors", "unsloth-zoo-offload-backward", "unsloth-zoo-nonreentrant-offload",
+                 "unsloth-zoo-pinned-memory"}
     assert got["applied"] == dict.fromkeys(zoo_fixes, False)
     # one line per fix that targets the release: the zoo fixes, and torch-ddp-find-unused (for unsloth's class in
     # torch's place; it stays applied to torch's own)
@@ -291,7 +294,10 @@ def test_drift_skips_with_one_warning_each():
     assert len(got["warnings"]) == len(targeting), got["warnings"]
     assert sorted(next(n for n in targeting if f"patch {n} skipped" in w) for w in got["warnings"]) == sorted(targeting)
     for name, error in got["errors"].items():
-        assert error.startswith("skipped, target changed:") and "preserve_rng_state" in error
+        # the fake release has no set-up function at all: the pinned-memory fix says that instead
+        expected = "initialize_unsloth_gradient_checkpointing is missing" if name == "unsloth-zoo-pinned-memory" \
+            else "preserve_rng_state"
+        assert error.startswith("skipped, target changed:") and expected in error, (name, error)
     assert got["grad"] == [2.0, 2.0] and got["apply_is_inherited"]  # the user's code still runs
 
 

@@ -77,6 +77,8 @@ OTHER_EVIDENCE = {
     # tests/versions/test_deepspeed_census.py); its cases use torch's checkpoint, not DeepSpeed's
     "deepspeed-zero3-frozen-recompute": "[census/deepspeed.md](census/deepspeed.md), every DeepSpeed line that runs "
                                         "on torch 2.13 and 2.14",
+    "unsloth-zoo-pinned-memory": "tests/versions/test_unsloth_zoo_pinned_memory.py (2025.11.3, 2026.8.9: a CPU torch "
+                                 "refuses pinned memory); the range read in the releases' code",
     "deepspeed-checkpoint-layer-io": "DeepSpeed 0.19.8 (tests/e2e/test_deepspeed.py, tests/versions/"
                                      "test_deepspeed_partitioned_activations.py, torch 2.13; not a case of "
                                      "census/deepspeed.md)",

@@ -150,6 +150,21 @@ def _torch():
     return torch
 
 
+@contextlib.contextmanager
+def cpu_setup(gc):
+    """The release's CUDA set-up (``initialize_unsloth_gradient_checkpointing``) stands in as ``cpu_initialize`` while
+    unsloth's own patch runs, and is the release's (or hotfix's wrapper of it) again afterwards: a fix on the set-up
+    (unsloth-zoo-pinned-memory) meets the release's function, not the lab's stand-in."""
+    name = "initialize_unsloth_gradient_checkpointing"
+    original = gc.__dict__.get(name)
+    setattr(gc, name, lambda dtype=None: cpu_initialize(gc))
+    try:
+        yield
+    finally:
+        if original is not None:
+            setattr(gc, name, original)
+
+
 def install_unsloth_swap(gc):
     """unsloth's own patch_unsloth_smart_gradient_checkpointing, CUDA init stubbed.
 
@@ -158,8 +173,8 @@ def install_unsloth_swap(gc):
     ``unsloth_checkpoint`` (which calls ``UnslothCheckpointFunction.apply``).  transformers bound
     ``checkpoint`` when it was imported, so there it is pointed at the release's function too.
     """
-    gc.initialize_unsloth_gradient_checkpointing = lambda dtype=None: cpu_initialize(gc)
-    gc.patch_unsloth_smart_gradient_checkpointing()
+    with cpu_setup(gc):
+        gc.patch_unsloth_smart_gradient_checkpointing()
     import torch.utils.checkpoint as tuc
 
     if tuc.CheckpointFunction is gc.UnslothCheckpointFunction:

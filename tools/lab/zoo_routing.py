@@ -48,7 +48,7 @@ import os
 import sys
 
 import standalone
-from zoo_loader import _torch, cpu_initialize, load_release
+from zoo_loader import _torch, cpu_initialize, cpu_setup, load_release
 
 LAYERS = 3
 UPSTREAM_MINIMUM_SIZE = 128  # elements before 2026.9.8, bytes from then on: 8 KiB inputs exceed both
@@ -184,8 +184,8 @@ def ddp_wrapped(model):
 
 def request_unsloth_offload(gc):
     """What ``use_gradient_checkpointing="unsloth"`` does: the release's own patch, its CUDA set-up stubbed."""
-    gc.initialize_unsloth_gradient_checkpointing = lambda dtype=None: cpu_initialize(gc)
-    gc.patch_unsloth_smart_gradient_checkpointing()
+    with cpu_setup(gc):
+        gc.patch_unsloth_smart_gradient_checkpointing()
 
 
 def _applied():
