@@ -90,6 +90,12 @@ def claim_path(patch_name: str) -> str:
     return os.path.join(job_folder(), hashlib.sha256(patch_name.encode()).hexdigest()[:32])
 
 
+def _own_folder(path: str) -> bool:
+    """Is ``path`` a folder (not a link) of this user's own?"""
+    info = os.lstat(path)
+    return stat.S_ISDIR(info.st_mode) and not (hasattr(os, "geteuid") and info.st_uid != os.geteuid())
+
+
 def _claim(patch_name: str) -> bool:
     """Is this process the first of its job to say ``patch_name``'s line?  (True also where no claim can be made.)"""
     try:
@@ -99,8 +105,7 @@ def _claim(patch_name: str) -> bool:
             os.mkdir(folder, 0o700)
         except FileExistsError:
             pass
-        info = os.lstat(folder)
-        if not stat.S_ISDIR(info.st_mode) or (hasattr(os, "geteuid") and info.st_uid != os.geteuid()):
+        if not _own_folder(folder):
             return True  # a link, or another user's: no claim there
         handle = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
         try:
@@ -131,10 +136,9 @@ def _alive(pid: int) -> bool:
 
 def _stale(folder: str, now: float) -> bool:
     """Was ``folder`` left by a job whose processes all ended (``os._exit``, a kill: no atexit ran)?"""
-    info = os.lstat(folder)
-    if not stat.S_ISDIR(info.st_mode) or (hasattr(os, "geteuid") and info.st_uid != os.geteuid()):
+    if not _own_folder(folder):
         return False  # a link, or another user's: never touched
-    if now - info.st_mtime < STALE_AFTER_S:
+    if now - os.lstat(folder).st_mtime < STALE_AFTER_S:
         return False
     for name in os.listdir(folder):
         with open(os.path.join(folder, name), "rb") as handle:

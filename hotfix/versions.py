@@ -32,6 +32,7 @@ from importlib import metadata
 from typing import Optional
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 logger = logging.getLogger("hotfix")
@@ -126,10 +127,10 @@ def _metadata_beside(module, distribution: str) -> Optional[str]:
     if not where:
         return None
     folder = os.path.dirname(os.path.dirname(os.path.abspath(where)))
-    wanted = distribution.lower().replace("_", "-")
+    wanted = canonicalize_name(distribution)
     try:
         for found in metadata.distributions(path=[folder]):
-            if (found.metadata["Name"] or "").lower().replace("_", "-") == wanted:
+            if canonicalize_name(found.metadata["Name"] or "") == wanted:
                 return found.version
     except Exception:  # broken metadata must never break the user's program
         return None

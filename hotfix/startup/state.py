@@ -2,7 +2,7 @@
 
 ``import hotfix`` switches hotfix on, and ``hotfix status`` runs in a process of its own, so neither can tell
 whether a script that never imported hotfix got its fixes.  This module can: the wheel ships it at the root of
-site-packages as ``hotfix_state`` (setup.py), it imports nothing but ``sys``, and it only reads what the process
+site-packages as ``hotfix_state`` (setup.py), it imports nothing but ``sys`` and ``os``, and it only reads what the process
 already holds (``sys.modules["hotfix"]``, the start-up hook's finder in ``sys.meta_path``)::
 
     import hotfix_state
@@ -13,6 +13,7 @@ already holds (``sys.modules["hotfix"]``, the start-up hook's finder in ``sys.me
 A fix is applied once its target module is imported, so ask after the imports whose fixes you want to see.
 """
 
+import os
 import sys
 
 PACKAGE = "hotfix"
@@ -22,7 +23,7 @@ TRIGGERS = ("transformers", "unsloth", "unsloth_zoo")
 FINDER = "ActivateOnFirstImport"
 DISABLE_VAR = "HOTFIX_DISABLE"
 TRUE_VALUES = frozenset({"1", "true", "yes", "on"})
-# These copy boot.py's (this module imports nothing of hotfix); tests/unit/test_state_report.py holds them equal.
+# These copy boot.py's (this module imports nothing of hotfix); tests/unit/test_state_constants.py holds them equal.
 
 
 def _hotfix():
@@ -60,12 +61,10 @@ def report():
     if active():
         fixes = applied()
         names = ", ".join(sorted(fixes)) if fixes else "none yet (each applies when its target module is imported)"
-        return "hotfix is active in this process (pid %s); fixes applied: %s" % (_pid(), names)
+        return "hotfix is active in this process (pid %s); fixes applied: %s" % (os.getpid(), names)
     if module is not None:
         return ("hotfix is imported but NOT active in this process (HOTFIX_DISABLE is set, or hotfix.revert() "
                 "was called)")
-    import os  # loaded by every interpreter's start-up: costs nothing
-
     if os.environ.get(DISABLE_VAR, "").strip().lower() in TRUE_VALUES:
         return "hotfix is NOT active in this process: %s=%s" % (DISABLE_VAR, os.environ[DISABLE_VAR])
     finder = _finder()
@@ -82,9 +81,3 @@ def report():
                 "import activates it, or `import hotfix` now" % ", ".join(loaded))
     return ("hotfix is not active in this process yet: its start-up hook activates it at the first import of %s"
             % (", ".join(TRIGGERS[:-1]) + " or " + TRIGGERS[-1]))
-
-
-def _pid():
-    import os
-
-    return os.getpid()
