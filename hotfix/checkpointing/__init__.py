@@ -16,6 +16,8 @@ imports nothing (activation never imports torch).
     unsloth       what the fixes rely on in unsloth-zoo's UnslothCheckpointFunction
     deepspeed     what the fixes rely on in DeepSpeed's checkpoint function; a layer call put the way it handles it
     forks         LlamaFactory's / axolotl's copies of unsloth's checkpointer, called with every input connected
+    region        which checkpointed call code runs in, its forward or a recomputation (entered by every call site)
+    routing       an MoE's topk recorded in a region's forward, replayed in its recomputation
     offload/      the activation offloader (host memory, streams) and its devices
 """
 

@@ -102,15 +102,15 @@ def _patches():
 def _pythonpath(name, targets):
     from hotfix.registry import registry
 
-    beside = [matrix_path(dist, BESIDE[dist]) for dist in registry.patches()[name].distributions if dist in BESIDE]
-    if beside:
-        return beside
+    # a distribution the fix is gated on, or one of its targets' (moe-routing-replay reaches DeepSpeed's function)
+    wanted = set(registry.patches()[name].distributions) | {target.split(".")[0] for target in targets}
+    paths = [matrix_path(dist, BESIDE[dist]) for dist in BESIDE if dist in wanted]
     if any(t.startswith("unsloth_zoo") for t in targets):
-        return [matrix_path("unsloth-zoo", "2025.11.3"), TESTS]  # in range for both zoo fixes
+        paths += [matrix_path("unsloth-zoo", "2025.11.3"), TESTS]  # in range for both zoo fixes
     fork = targets[0].split(".")[0]
     if fork in FORKS:
-        return [matrix_path(fork, FORKS[fork])]
-    return []
+        paths.append(matrix_path(fork, FORKS[fork]))
+    return paths
 
 
 def _run(name, targets, order):

@@ -1,0 +1,233 @@
+"""Mixtures of experts under checkpointing: the recomputation routes every token to the experts its forward chose.
+
+What breaks: the recomputation runs the router again; on a GPU its scores drift in the last bits and where experts
+nearly tie ``topk`` picks another.  Experts looping over the hit ones: CheckpointError (non-reentrant); same shapes
+either way (5.x fused experts, reentrant): gradients sent to experts the forward never used, silently
+(huggingface/transformers#47467, pytorch/pytorch#171355).  No release replays routing.
+
+How this fixes it: every checkpointed call is a region (``hotfix.checkpointing.region``), entered where calls end:
+torch's reentrant ``CheckpointFunction.apply`` and non-reentrant generator (its ``context_fn``), unsloth-zoo's and
+DeepSpeed's functions.  A model whose checkpointing is switched on (transformers' enabler, torch's checkpoint_wrapper)
+has its classes read once; their ``topk`` calls become ``routing.Replay.topk``: recorded in a region's forward,
+replayed in its recomputation with values read from the recomputed scores (the router keeps its gradient).  No drift:
+bit-identical to upstream; outside checkpointed calls nothing changes.  One "repaired" line where a compared replay
+differed.  Revert puts every module's ``torch``, method and function back.  docs/fixes/moe-routing-replay.md.
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+import weakref
+from typing import Any, Callable, List, Optional
+
+from hotfix import Mechanism, Patch
+from hotfix.checkpointing.slot import SETTER
+from hotfix.checkpointing.unsloth import CLASS_NAME as UNSLOTH_CLASS
+from hotfix.checkpointing.unsloth import MODULE as UNSLOTH_MODULE
+
+CHECKPOINT_MODULE = "torch.utils.checkpoint"
+MODELING_UTILS = "transformers.modeling_utils"
+DEEPSPEED_MODULE = "deepspeed.runtime.activation_checkpointing.checkpointing"
+#: torch's checkpoint_wrapper (FSDP / FSDP2 activation checkpointing: accelerate, Lightning, torchtitan-style): a
+#: module wrapped there is checkpointed without transformers' enabler, so its classes are read when it is wrapped
+WRAPPER_MODULE = "torch.distributed.algorithms._checkpoint.checkpoint_wrapper"
+#: torch's non-reentrant checkpoint: a generator taking ``(fn, preserve_rng_state, context_fn, ...)``
+GENERATOR = "_checkpoint_without_reentrant_generator"
+#: the classes whose ``apply(function, <flag>, *inputs)`` runs ``function`` in the forward and again in the backward
+FUNCTION_CLASSES = {CHECKPOINT_MODULE: "CheckpointFunction", UNSLOTH_MODULE: UNSLOTH_CLASS,
+                    DEEPSPEED_MODULE: "CheckpointFunction"}
+
+
+class MoeRoutingReplay(Patch):
+    name = "moe-routing-replay"
+    targets = (CHECKPOINT_MODULE, WRAPPER_MODULE, MODELING_UTILS, UNSLOTH_MODULE, DEEPSPEED_MODULE)
+    # no transformers release replays routing; 4.35.0 is where hotfix reaches transformers' checkpointing
+    mechanisms = (
+        Mechanism("routing-drift", {"transformers": ">=4.35.0"}, unreached={"transformers": "<4.35.0"},
+                  summary="a checkpoint's recomputation routes tokens to other experts than its forward where the "
+                          "router's scores drift (GPU nondeterminism): CheckpointError, or silently wrong gradients"),
+    )
+    symptom = ("torch.utils.checkpoint.CheckpointError: A different number of tensors was saved during the original "
+               "forward and recomputation (MoE models: Qwen3-MoE, Mixtral, gpt-oss, DeepSeek), or wrong gradients")
+    details = ("routers found in the model's code (topk); the forward's choice replayed in the recomputation; "
+               "checkpointing enabled through transformers' enablers")
+    upstream = "huggingface/transformers#47467 (fix PR #47508 closed unmerged); pytorch/pytorch#171355"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._read: "weakref.WeakKeyDictionary[type, bool]" = weakref.WeakKeyDictionary()  # classes read once
+        self._parts: List[Any] = []  # (Replay, RoutingTorch, mode class) once torch is imported
+        self.routing = False  # a router was found: checkpointed calls enter regions from now on
+
+    # -- what replays -------------------------------------------------------
+    def parts(self) -> tuple:
+        if not self._parts:
+            import torch
+
+            from hotfix.checkpointing.routing import Replay, RoutingTorch, topk_mode
+
+            def repaired() -> None:
+                self.repaired("a recomputation would have sent tokens to other experts than its forward did (the "
+                              "router's scores drifted); the forward's routing was replayed",
+                              call="an MoE router's top-k in a checkpointed call")
+
+            def mismatch(reason: str) -> None:
+                self.warn_once(reason, f"{reason}: that decision was made again, as upstream makes it")
+
+            replay = Replay(torch.topk, torch.compiler.is_compiling, repaired, mismatch)
+            self._parts[:] = [replay, RoutingTorch(torch, replay), topk_mode(replay)]
+        return tuple(self._parts)
+
+    def route(self, model: Any) -> None:
+        """Replay the routing of every class ``model`` is made of whose code calls ``topk`` (each class read once)."""
+        from hotfix.checkpointing.routing import TORCH_FUNCTION, defining_module, modules_of, topk_sites
+
+        for cls in modules_of(model):
+            with self._lock:
+                if cls in self._read:
+                    continue
+                self._read[cls] = True
+            for owner, name, function, how in topk_sites(cls):
+                if how == TORCH_FUNCTION:
+                    self._route_module(defining_module(function), owner, name)
+                else:
+                    self._route_method(owner, name)
+
+    def _route_module(self, module: Any, owner: type, name: str) -> None:
+        _, routing_torch, _ = self.parts()
+        if module is None:
+            self.warn_once((owner, name), f"{owner.__qualname__}.{name} has no module namespace; its routing is "
+                                          "not replayed")
+            return
+        present = module.__dict__.get("torch")
+        if present is routing_torch:
+            return
+        if present is not sys.modules.get("torch"):
+            self.warn_once(module.__name__, f"{module.__name__}.torch is not torch ({type(present).__name__}); its "
+                                            "routing is not replayed")
+            return
+        self.replace(module, "torch", routing_torch)
+        self.routing = True
+
+    def _route_method(self, owner: type, name: str) -> None:
+        if self.installed(owner.__dict__.get(name)):
+            return
+        from hotfix.checkpointing.region import regions
+
+        _, _, mode = self.parts()
+        import torch
+
+        is_compiling = torch.compiler.is_compiling
+
+        def topk_replayed_in_regions(wrapped, instance, args, kwargs):  # named: wrapper chains read it
+            if not regions() or is_compiling():
+                return wrapped(*args, **kwargs)
+            with mode():
+                return wrapped(*args, **kwargs)
+
+        self.wrap(owner, name, topk_replayed_in_regions)
+        self.routing = True
+
+    # -- where checkpointed calls enter regions -------------------------------
+    def _function_in_region(self) -> Callable:
+        bound: list = []
+
+        def function_in_region(wrapped, instance, args, kwargs):  # named: wrapper chains read it
+            if not self.routing or not args:
+                return wrapped(*args, **kwargs)
+            if not bound:
+                import torch
+
+                from hotfix.checkpointing.region import RegionCall
+
+                bound[:] = [RegionCall, torch.compiler.is_compiling]
+            region_call, is_compiling = bound
+            if is_compiling():
+                return wrapped(*args, **kwargs)
+            return wrapped(region_call(args[0]), *args[1:], **kwargs)
+
+        return function_in_region
+
+    def _phases_in_context(self, module: Any) -> Callable:
+        bound: list = []
+
+        def phases_in_context(wrapped, instance, args, kwargs):  # named: wrapper chains read it
+            if not self.routing or len(args) < 5 or args[4] or module.__dict__.get("_checkpoint_debug_enabled"):
+                return wrapped(*args, **kwargs)  # debug=True refuses any context_fn of its own
+            if not bound:
+                import torch
+
+                from hotfix.checkpointing.region import with_phases
+
+                bound[:] = [with_phases, module.__dict__.get("_is_compiling"), torch.compiler.is_compiling]
+            with_phases, torch_is_compiling, is_compiling = bound
+            compiling = torch_is_compiling(args[0], args[5:], kwargs) if torch_is_compiling else is_compiling()
+            if compiling:  # compiled, a context_fn must make TorchDispatchModes
+                return wrapped(*args, **kwargs)
+            return wrapped(args[0], args[1], with_phases(args[2]), *args[3:], **kwargs)
+
+        return phases_in_context
+
+    # -- the fix's lifecycle ------------------------------------------------
+    def drift(self, module: Any) -> Optional[str]:
+        if module.__name__ == MODELING_UTILS:
+            pretrained = getattr(module, "PreTrainedModel", None)
+            return None if hasattr(pretrained, SETTER) else f"PreTrainedModel.{SETTER} is missing"
+        if module.__name__ == WRAPPER_MODULE:
+            wrapper = module.__dict__.get("CheckpointWrapper")
+            return None if isinstance(wrapper, type) else "CheckpointWrapper is missing"
+        cls = module.__dict__.get(FUNCTION_CLASSES[module.__name__])
+        if not isinstance(cls, type) or "apply" not in dir(cls):
+            return f"{FUNCTION_CLASSES[module.__name__]} is missing"
+        if module.__name__ == CHECKPOINT_MODULE:
+            generator = module.__dict__.get(GENERATOR)
+            if generator is None:
+                return f"{GENERATOR} is missing"
+            parameters = list(inspect.signature(generator).parameters)
+            if parameters[2:3] != ["context_fn"] or parameters[4:5] != ["debug"]:
+                return f"{GENERATOR} no longer takes (fn, preserve_rng_state, context_fn, determinism_check, debug)"
+        return None
+
+    def _apply(self, module: Any) -> None:
+        if module.__name__ == MODELING_UTILS:
+            self.wrap(module.PreTrainedModel, SETTER, self._route_after)
+            return
+        if module.__name__ == WRAPPER_MODULE:
+            self.wrap(module.CheckpointWrapper, "__init__", self._route_wrapped)
+            return
+        # installed now, in the order of application (another fix wraps the same class attribute: each revert puts
+        # back what it found); until a router is found the wrappers hand every call on as it is
+        self.wrap(module.__dict__[FUNCTION_CLASSES[module.__name__]], "apply", self._function_in_region())
+        if module.__name__ == CHECKPOINT_MODULE:
+            self.wrap(module, GENERATOR, self._phases_in_context(module))
+
+    def _route_after(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+        """wrapt wrapper of ``PreTrainedModel._set_gradient_checkpointing``: read the model's classes once."""
+        result = wrapped(*args, **kwargs)
+        if instance is not None and self.applied:
+            self._route_safely(instance)
+        return result
+
+    def _route_wrapped(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+        """wrapt wrapper of ``CheckpointWrapper.__init__``: read the wrapped module's classes once."""
+        result = wrapped(*args, **kwargs)
+        inner = getattr(instance, "_checkpoint_wrapped_module", None)
+        if inner is not None and self.applied:
+            self._route_safely(inner)
+        return result
+
+    def _route_safely(self, model: Any) -> None:
+        try:
+            self.route(model)
+        except Exception as exc:  # never the user's call: this model's routing is not replayed
+            self.warn_once(("route", type(model)), f"routing not replayed for {type(model).__name__}: "
+                                                   f"{type(exc).__name__}: {exc}")
+
+    def _revert(self) -> None:
+        super()._revert()
+        self._read.clear()
+        self.routing = False
+
+
+patch = MoeRoutingReplay()
