@@ -16,26 +16,24 @@ differed.  Revert puts every module's ``torch``, method and function back.  docs
 
 from __future__ import annotations
 
-import inspect
 import sys
 import weakref
 from typing import Any, Callable, List, Optional
 
 from hotfix import Mechanism, Patch
 from hotfix.checkpointing.slot import SETTER
+from hotfix.checkpointing.torch_checkpoint import FUNCTION_CLASS, GENERATOR, debug_asked, generator_drift
+from hotfix.checkpointing.torch_checkpoint import MODULE as CHECKPOINT_MODULE
 from hotfix.checkpointing.unsloth import CLASS_NAME as UNSLOTH_CLASS
 from hotfix.checkpointing.unsloth import MODULE as UNSLOTH_MODULE
 
-CHECKPOINT_MODULE = "torch.utils.checkpoint"
 MODELING_UTILS = "transformers.modeling_utils"
 DEEPSPEED_MODULE = "deepspeed.runtime.activation_checkpointing.checkpointing"
 #: torch's checkpoint_wrapper (FSDP / FSDP2 activation checkpointing: accelerate, Lightning, torchtitan-style): a
 #: module wrapped there is checkpointed without transformers' enabler, so its classes are read when it is wrapped
 WRAPPER_MODULE = "torch.distributed.algorithms._checkpoint.checkpoint_wrapper"
-#: torch's non-reentrant checkpoint: a generator taking ``(fn, preserve_rng_state, context_fn, ...)``
-GENERATOR = "_checkpoint_without_reentrant_generator"
 #: the classes whose ``apply(function, <flag>, *inputs)`` runs ``function`` in the forward and again in the backward
-FUNCTION_CLASSES = {CHECKPOINT_MODULE: "CheckpointFunction", UNSLOTH_MODULE: UNSLOTH_CLASS,
+FUNCTION_CLASSES = {CHECKPOINT_MODULE: FUNCTION_CLASS, UNSLOTH_MODULE: UNSLOTH_CLASS,
                     DEEPSPEED_MODULE: "CheckpointFunction"}
 
 
@@ -153,7 +151,7 @@ class MoeRoutingReplay(Patch):
         bound: list = []
 
         def phases_in_context(wrapped, instance, args, kwargs):  # named: wrapper chains read it
-            if not self.routing or len(args) < 5 or args[4] or module.__dict__.get("_checkpoint_debug_enabled"):
+            if not self.routing or len(args) < 5 or debug_asked(module, args):
                 return wrapped(*args, **kwargs)  # debug=True refuses any context_fn of its own
             if not bound:
                 import torch
@@ -180,14 +178,7 @@ class MoeRoutingReplay(Patch):
         cls = module.__dict__.get(FUNCTION_CLASSES[module.__name__])
         if not isinstance(cls, type) or "apply" not in dir(cls):
             return f"{FUNCTION_CLASSES[module.__name__]} is missing"
-        if module.__name__ == CHECKPOINT_MODULE:
-            generator = module.__dict__.get(GENERATOR)
-            if generator is None:
-                return f"{GENERATOR} is missing"
-            parameters = list(inspect.signature(generator).parameters)
-            if parameters[2:3] != ["context_fn"] or parameters[4:5] != ["debug"]:
-                return f"{GENERATOR} no longer takes (fn, preserve_rng_state, context_fn, determinism_check, debug)"
-        return None
+        return generator_drift(module) if module.__name__ == CHECKPOINT_MODULE else None
 
     def _apply(self, module: Any) -> None:
         if module.__name__ == MODELING_UTILS:

@@ -21,13 +21,12 @@ from typing import Any, Callable, Optional
 
 from hotfix import Mechanism, Patch
 from hotfix.checkpointing.code import code_objects
+from hotfix.checkpointing.torch_checkpoint import FUNCTION_CLASS
+from hotfix.checkpointing.torch_checkpoint import MODULE as CHECKPOINT_MODULE  # torch's checkpoint module
 from hotfix.checkpointing.unsloth import CLASS_NAME as UNSLOTH_CLASS
 from hotfix.checkpointing.unsloth import MODULE as UNSLOTH_MODULE
 from hotfix.checkpointing.unsloth import checkpoint_function_drift
 
-#: torch's checkpoint module and its reentrant autograd Function
-CHECKPOINT_MODULE = "torch.utils.checkpoint"
-FUNCTION_CLASS = "CheckpointFunction"
 #: where unsloth's swap keeps torch's own class once it has put UnslothCheckpointFunction in its place
 SWAPPED_OUT = "_old_CheckpointFunction"
 #: torch's checkpoint(), and where unsloth keeps it once its own is in its place

@@ -15,6 +15,7 @@ imports nothing (activation never imports torch).
     torch_wrapper a layer under torch's checkpoint_wrapper, handed to transformers' own checkpointing for one call
     unsloth       what the fixes rely on in unsloth-zoo's UnslothCheckpointFunction
     deepspeed     what the fixes rely on in DeepSpeed's checkpoint function; a layer call put the way it handles it
+    torch_checkpoint  where every call of torch's checkpoint ends (names, the generator's shape)
     forks         LlamaFactory's / axolotl's copies of unsloth's checkpointer, called with every input connected
     region        which checkpointed call code runs in, its forward or a recomputation (entered by every call site)
     routing       an MoE's topk recorded in a region's forward, replayed in its recomputation

@@ -193,6 +193,34 @@ def test_report_judges_the_ddp_and_non_reentrant_cases(tmp_path):
     assert len(nonreentrant.verdict(dropped)) == 6  # 3 steps x 2 releases
 
 
+def test_report_judges_the_moe_cases(tmp_path):
+    """tools/lab/moe_cases.py's rows in bf16 (scripts/gpu/run's extras): hotfix not equal is a problem; the drift
+    device flipping nothing upstream is one too (the case proved nothing); without drift upstream may be equal."""
+    folder = tmp_path / "moe"
+    folder.mkdir()
+
+    def write(name, rows):
+        (folder / name).write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+    def row(case, status, version):
+        return {"case": case, "status": status, "transformers": version, "summary": f"{status} summary"}
+
+    cases = ("qwen3_moe:non-reentrant", "qwen3_moe:non-reentrant:nodrift")
+    write("4-upstream.jsonl", [row(cases[0], "crash", "4.56.2"), row(cases[1], "equal", "4.56.2")])
+    write("4-hotfix.jsonl", [row(case, "equal", "4.56.2") for case in cases])
+    write("5-upstream.jsonl", [row(cases[0], "differs", "5.23.0"), row(cases[1], "equal", "5.23.0")])
+    write("5-hotfix.jsonl", [row(case, "equal", "5.23.0") for case in cases])
+    found = report.moe_summary(str(tmp_path))
+    assert found["problems"] == [] and len(found["rows"]) == 4, found
+    assert "## MoE routing replay" in "\n".join(report._moe_markdown(found))
+    write("5-hotfix.jsonl", [row(cases[0], "differs", "5.23.0"), row(cases[1], "equal", "5.23.0")])
+    write("4-upstream.jsonl", [row(case, "equal", "4.56.2") for case in cases])
+    problems = report.moe_summary(str(tmp_path))["problems"]
+    assert problems == ["transformers 4.56.2 qwen3_moe:non-reentrant: the drift device flipped no token upstream",
+                        "transformers 5.23.0 qwen3_moe:non-reentrant: with hotfix differs"], problems
+    assert report.moe_summary(str(tmp_path / "none")) is None
+
+
 def test_plan_is_one_device_call_per_part_with_its_carry():
     proc = subprocess.run([*RUN, "--plan"], env=clean_env({"PYTHON": sys.executable}), capture_output=True, text=True,
                           timeout=60)

@@ -1,10 +1,11 @@
 """moe-routing-replay at the call sites beside transformers' function: unsloth-zoo's and DeepSpeed's checkpoint
-functions, torch's checkpoint_wrapper (REENTRANT, NO_REENTRANT).
+functions, torch's checkpoint_wrapper (REENTRANT, NO_REENTRANT); DDP and FSDP2 (one gloo rank).
 
 The drifted plain-torch MoE of tests/support/moe_block.py (routers tied, scaled by 1 +- 1e-6 during the
 recomputation only) checkpointed through each site (tests/support/moe_call_sites.py), in a child without hotfix and
 one with it: upstream wrong gradients or a CheckpointError, with hotfix every gradient equal to the step without
-checkpointing (1e-4).  unsloth-zoo 2025.11.3 loaded on CPU; DeepSpeed 0.19.8, one gloo rank.
+checkpointing (1e-4).  unsloth-zoo 2025.11.3 loaded on CPU; DeepSpeed 0.19.8, one gloo rank; DDP and FSDP2 with
+torch's non-reentrant checkpoint (fully_shard: torch >= 2.6).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import pytest
 from conftest import SUPPORT, free_port, json_lines, matrix_path, run_python
 
 SITES = {"unsloth": ("unsloth-zoo", "2025.11.3"), "deepspeed": ("deepspeed", "0.19.8"),
-         "wrapper-reentrant": None, "wrapper-no-reentrant": None}
+         "wrapper-reentrant": None, "wrapper-no-reentrant": None, "ddp": None, "fsdp2": None}
 
 
 @pytest.mark.parametrize("site", sorted(SITES))

@@ -268,6 +268,29 @@ def deepspeed_before_fix_summary(out):
     return found
 
 
+def moe_summary(out):
+    """tools/lab/moe_cases.py in bf16 on the device (scripts/gpu/run's extras): per transformers line and case,
+    upstream and hotfix; a problem where hotfix is not equal (a case that could not be built: n/a both ways).
+    Without the drift device upstream may well be equal (the kernels' own drift rarely flips a tiny model's ties)."""
+    folder = os.path.join(out, "moe")
+    if not os.path.isdir(folder):
+        return None
+    rows, problems = [], []
+    for line in ("4", "5"):
+        runs = {side: {r["case"]: r for r in _lines(os.path.join(folder, f"{line}-{side}.jsonl"))}
+                for side in ("upstream", "hotfix")}
+        for case in dict.fromkeys(list(runs["upstream"]) + list(runs["hotfix"])):
+            up, fixed = runs["upstream"].get(case), runs["hotfix"].get(case)
+            transformers = (fixed or up or {}).get("transformers")
+            rows.append({"transformers": transformers, "case": case, "upstream": up, "hotfix": fixed})
+            if fixed is None or (fixed.get("status") not in ("equal", "n/a")):
+                problems.append(f"transformers {transformers} {case}: with hotfix "
+                                f"{(fixed or {}).get('status', 'no result')}")
+            elif "nodrift" not in case and up is not None and up.get("status") == "equal":
+                problems.append(f"transformers {transformers} {case}: the drift device flipped no token upstream")
+    return {"rows": rows, "problems": problems}
+
+
 def _case_text(case):
     if case is None:
         return "–"
@@ -371,7 +394,7 @@ def _label(run):
 
 
 def markdown(env, tests, bench, found, sanitizer=None, soak=None, compiled=None, fit=None, ddp=None, routing=None,
-             unsloth=None, wrapper=None, deepspeed=None, deepspeed_before_fix=None):
+             unsloth=None, wrapper=None, deepspeed=None, deepspeed_before_fix=None, moe=None):
     lines = ["# GPU kit results", ""]
     lines += [f"- {k}: {v}" for k, v in env.items() if k != "installed"]
     for folder, versions in env.get("installed", {}).items():
@@ -440,6 +463,8 @@ def markdown(env, tests, bench, found, sanitizer=None, soak=None, compiled=None,
         lines += _wrapper_markdown(wrapper)
     if deepspeed is not None:
         lines += _deepspeed_markdown(deepspeed)
+    if moe is not None:
+        lines += _moe_markdown(moe)
     if deepspeed_before_fix is not None:
         lines += _deepspeed_markdown(
             deepspeed_before_fix, f"DeepSpeed {DEEPSPEED_BEFORE_FIX} ZeRO-3 (before its own fix), frozen parameters, "
@@ -519,6 +544,18 @@ def _routing_markdown(routing):
     return lines + _verdict_lines(routing["problems"])
 
 
+def _moe_markdown(moe):
+    lines = ["", "## MoE routing replay, bf16 on the device (tools/lab/moe_cases.py)", ""]
+    if not moe["rows"]:
+        return lines + ["not run"]
+    lines += ["| transformers | case | upstream | hotfix |", "|---|---|---|---|"]
+    for row in moe["rows"]:
+        cells = [(r or {}).get("summary") or (r or {}).get("error") or (r or {}).get("status", "no result")
+                 for r in (row["upstream"], row["hotfix"])]
+        lines.append(f"| {row['transformers']} | {row['case']} | {cells[0]} | {cells[1]} |")
+    return lines + _verdict_lines(moe["problems"])
+
+
 def _unsloth_markdown(unsloth):
     tests = unsloth["tests"]
     lines = ["", "## The seed's FastModel flow (tests/versions/test_unsloth_gpu.py, tools/gpu/unsloth_flow.py)", ""]
@@ -558,13 +595,14 @@ def main(argv=None):
     deepspeed_before_fix = deepspeed_before_fix_summary(out)
     routing = nonreentrant_summary(os.path.join(out, "nonreentrant.jsonl"))
     unsloth = unsloth_summary(out)
+    moe = moe_summary(out)
     with open(os.path.join(out, "results.json"), "w") as handle:
         json.dump({"environment": env, "tests": tests, "bench": bench, "targets": found, "sanitizer": sanitizer,
                    "soak": soak, "compile": compiled, "fit": fit, "ddp": ddp, "nonreentrant": routing,
                    "unsloth": unsloth, "wrapper": wrapper, "deepspeed": deepspeed,
-                   "deepspeed_before_fix": deepspeed_before_fix}, handle, indent=1)
+                   "deepspeed_before_fix": deepspeed_before_fix, "moe": moe}, handle, indent=1)
     text = markdown(env, tests, bench, found, sanitizer, soak, compiled, fit, ddp, routing, unsloth, wrapper, deepspeed,
-                    deepspeed_before_fix)
+                    deepspeed_before_fix, moe)
     with open(os.path.join(out, "report.md"), "w") as handle:
         handle.write(text)
     print(text)

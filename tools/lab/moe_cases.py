@@ -1,6 +1,7 @@
 """Mixtures of experts under checkpointing, with the drift a GPU makes, on CPU; one JSON line per case.
 
-    python -m moe_cases CASE [CASE ...]     (tools/lab on PYTHONPATH; a CASE is MODEL:MODE[:lora][:nodrift])
+    python -m moe_cases [--device cuda --dtype bfloat16] CASE [CASE ...]
+                                            (tools/lab on PYTHONPATH; a CASE is MODEL:MODE[:lora][:nodrift])
     python -m moe_cases --types             (the MoE model types of this transformers, from its modeling code)
 
 A GPU's recomputation reads the router's scores a few last bits apart from the forward's; where experts nearly tie,
@@ -79,7 +80,7 @@ def router_weights(model, num_experts: int):
     return found
 
 
-def tie_and_drift(model, num_experts: int, top_k: int) -> int:
+def tie_and_drift(model, num_experts: int, top_k: int, epsilon: float = EPSILON) -> int:
     """Tie each router's rows in groups of ``top_k + 1`` and put the drift on them; returns how many routers."""
     from torch.nn.utils import parametrize
 
@@ -97,8 +98,8 @@ def tie_and_drift(model, num_experts: int, top_k: int) -> int:
         for start in range(0, num_experts, group):
             members = list(range(start, min(start + group, num_experts)))
             if len(members) > top_k:  # a group the forward must split: its first and last members move apart
-                scale[members[0]] = 1 - EPSILON
-                scale[members[-1]] = 1 + EPSILON
+                scale[members[0]] = 1 - epsilon
+                scale[members[-1]] = 1 + epsilon
         parametrize.register_parametrization(module, "weight", Drift(scale))
     return len(routers)
 
@@ -160,7 +161,7 @@ def moe_types() -> list:
 MAX_PARAMETERS = 20_000_000
 
 
-def build(model_type: str, lora: bool = False, seed: int = 0, drift: bool = True):
+def build(model_type: str, lora: bool = False, seed: int = 0, drift: bool = True, epsilon: float = EPSILON):
     config, model_class = tiny_config(model_type)
     with torch.device("meta"):
         size = sum(parameter.numel() for parameter in model_class(config).parameters())
@@ -178,7 +179,7 @@ def build(model_type: str, lora: bool = False, seed: int = 0, drift: bool = True
                                                   and isinstance(module, nn.Linear)})
         model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=targets, lora_dropout=0.0))
         model.train()
-    routers = tie_and_drift(model, num_experts, top_k) if drift else len(router_weights(model, num_experts))
+    routers = tie_and_drift(model, num_experts, top_k, epsilon) if drift else len(router_weights(model, num_experts))
     generator = torch.Generator().manual_seed(seed + 1)
     ids = torch.randint(0, 64, (2, 12), generator=generator)
     # use_cache off, as trainers set it (5.x linear-attention hybrids refuse a cache in training)
@@ -195,14 +196,18 @@ def enable(model, reentrant: bool) -> None:
             return
 
 
-def run(case: str) -> dict:
+def run(case: str, device: str = "cpu", dtype: str = "float32") -> dict:
     import transformers
 
     compare = standalone.load("compare")
     model_type, mode, *extra = case.split(":")
-    result = {"case": case, "transformers": transformers.__version__}
+    result = {"case": case, "transformers": transformers.__version__, "device": device, "dtype": dtype}
     try:
-        model, batch, routers = build(model_type, lora="lora" in extra, drift="nodrift" not in extra)
+        # the drift: a few last bits of the dtype the model trains in (bf16's last bit is float32's 2**16)
+        epsilon = max(EPSILON, torch.finfo(getattr(torch, dtype)).eps)
+        model, batch, routers = build(model_type, lora="lora" in extra, drift="nodrift" not in extra, epsilon=epsilon)
+        model.to(device=device, dtype=getattr(torch, dtype))
+        batch = {key: value.to(device) if isinstance(value, torch.Tensor) else value for key, value in batch.items()}
     except Exception as exc:  # a model type this tiny builder cannot make
         return dict(result, status="n/a", error=f"{type(exc).__name__}: {exc}".splitlines()[0][:200])
     result["routers"] = routers
@@ -226,7 +231,7 @@ def run(case: str) -> dict:
     except Exception as exc:
         return dict(result, status="crash", error=f"{type(exc).__name__}: {exc}".splitlines()[0][:200])
     grads = compare.collect_grads(model)
-    report = compare.compare_grads(reference, grads, rtol=RTOL)
+    report = compare.compare_grads(reference, grads, rtol=RTOL if dtype == "float32" else compare.tolerance_for(dtype))
     if "nodrift" in extra:  # the checkpointed step's gradients, bit for bit (with hotfix and without alike)
         result["digest"] = digest(float(loss), grads)
     return dict(result, status="equal" if report.ok else "differs", summary=report.summary(),
@@ -240,13 +245,26 @@ def digest(loss: float, grads: dict) -> str:
     hashed = hashlib.sha256(repr(loss).encode())
     for name in sorted(grads):
         grad = grads[name]
-        hashed.update(name.encode() + (b"none" if grad is None else grad.numpy().tobytes()))
+        hashed.update(name.encode() + (b"none" if grad is None else grad.cpu().contiguous().view(torch.uint8).numpy().tobytes()))
     return hashed.hexdigest()[:16]
 
 
-if __name__ == "__main__":
-    if sys.argv[1:] == ["--types"]:
+def main(argv=None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--types", action="store_true", help="print this transformers' MoE model types")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32", help="float32 (1e-4 relative) or bfloat16 (its tolerance)")
+    parser.add_argument("cases", nargs="*")
+    args = parser.parse_args(argv)
+    if args.types:
         print(json.dumps(moe_types()))
-        sys.exit(0)
-    for argument in sys.argv[1:]:
-        print(json.dumps(run(argument)), flush=True)
+        return 0
+    for case in args.cases:
+        print(json.dumps(run(case, args.device, args.dtype)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
