@@ -22,10 +22,12 @@ from typing import Any, Callable, List, Optional
 
 from hotfix import Mechanism, Patch
 from hotfix.checkpointing.slot import SETTER
-from hotfix.checkpointing.torch_checkpoint import FUNCTION_CLASS, GENERATOR, debug_asked, generator_drift
+from hotfix.checkpointing.torch_checkpoint import (FUNCTION_CLASS, GENERATOR, debug_asked, function_class_drift,
+                                                   generator_drift)
 from hotfix.checkpointing.torch_checkpoint import MODULE as CHECKPOINT_MODULE
 from hotfix.checkpointing.unsloth import CLASS_NAME as UNSLOTH_CLASS
 from hotfix.checkpointing.unsloth import MODULE as UNSLOTH_MODULE
+from hotfix.checkpointing.unsloth import checkpoint_function_drift
 
 MODELING_UTILS = "transformers.modeling_utils"
 DEEPSPEED_MODULE = "deepspeed.runtime.activation_checkpointing.checkpointing"
@@ -35,6 +37,25 @@ WRAPPER_MODULE = "torch.distributed.algorithms._checkpoint.checkpoint_wrapper"
 #: the classes whose ``apply(function, <flag>, *inputs)`` runs ``function`` in the forward and again in the backward
 FUNCTION_CLASSES = {CHECKPOINT_MODULE: FUNCTION_CLASS, UNSLOTH_MODULE: UNSLOTH_CLASS,
                     DEEPSPEED_MODULE: "CheckpointFunction"}
+
+
+def _runs_its_function_twice(cls: Any) -> Optional[str]:
+    """None where ``cls`` is an autograd Function whose ``forward(ctx, run_function, <flag>, *args)`` keeps the function
+    it runs (DeepSpeed's ``CheckpointFunction``: it calls ``ctx.run_function`` again in its backward)."""
+    import inspect
+
+    import torch  # its target imported torch
+
+    if not isinstance(cls, type) or not issubclass(cls, torch.autograd.Function):
+        return "CheckpointFunction is missing or not a torch.autograd.Function"
+    forward = inspect.getattr_static(cls, "forward", None)
+    try:
+        kinds = [p.kind for p in inspect.signature(forward.__func__).parameters.values()]
+    except (AttributeError, TypeError, ValueError):
+        return "CheckpointFunction.forward is not a staticmethod with a readable signature"
+    if kinds[:3] != [inspect.Parameter.POSITIONAL_OR_KEYWORD] * 3 or inspect.Parameter.VAR_POSITIONAL not in kinds:
+        return "CheckpointFunction.forward is no longer forward(ctx, run_function, flag, *args)"
+    return None
 
 
 class MoeRoutingReplay(Patch):
@@ -175,10 +196,11 @@ class MoeRoutingReplay(Patch):
         if module.__name__ == WRAPPER_MODULE:
             wrapper = module.__dict__.get("CheckpointWrapper")
             return None if isinstance(wrapper, type) else "CheckpointWrapper is missing"
-        cls = module.__dict__.get(FUNCTION_CLASSES[module.__name__])
-        if not isinstance(cls, type) or "apply" not in dir(cls):
-            return f"{FUNCTION_CLASSES[module.__name__]} is missing"
-        return generator_drift(module) if module.__name__ == CHECKPOINT_MODULE else None
+        if module.__name__ == UNSLOTH_MODULE:
+            return checkpoint_function_drift(module)
+        if module.__name__ == CHECKPOINT_MODULE:
+            return function_class_drift(module) or generator_drift(module)
+        return _runs_its_function_twice(module.__dict__.get(FUNCTION_CLASSES[module.__name__]))
 
     def _apply(self, module: Any) -> None:
         if module.__name__ == MODELING_UTILS:

@@ -6,8 +6,9 @@ picks the other one: the experts' code then runs other shapes (CheckpointError) 
 an expert the forward never used (silently wrong).  :class:`Replay` is ``topk`` inside checkpointed regions
 (``hotfix.checkpointing.region``): in a forward it records the indices it returns; in a recomputation it returns
 the forward's indices, in the forward's order, with the values read from the recomputed scores at those indices
-(a ``gather`` shaped as ``topk``'s autograd): the router keeps its gradient, exactly where the forward's choice put it.  Outside a region (no
-checkpointing, inference, ``generate``, eval) and while dynamo traces it is torch's ``topk``, unchanged.
+(a ``gather`` shaped as ``topk``'s autograd): the router keeps its gradient, exactly where the forward's choice put
+it.  Outside a region (no checkpointing, inference, ``generate``, eval) and while dynamo traces it is torch's
+``topk``, unchanged.
 
 Where the routing code calls ``topk`` decides how it is reached, found in the code of the classes a model is made
 of (:func:`topk_sites`), once per class:

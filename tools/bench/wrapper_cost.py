@@ -17,7 +17,9 @@ wrapper's cost), and a whole training step (forward + backward) of a model of ``
 ``--width``, as a ratio with / without hotfix.  "Without" is the
 same process after ``hotfix.revert()`` (every original object back), "with" after ``hotfix.activate()``.
 Where upstream's reentrant step cannot train the layer at all (it crashes: the bug), the step ratio is
-against non-reentrant checkpointing, and says so.  Goal (a): <= 20 µs per call and <= 1 % of the step.
+against non-reentrant checkpointing, and says so.  ``--routing``: hotfix's side as in a process where
+moe-routing-replay has found a router (each checkpointed call then enters a region).
+Goal (a): <= 20 µs per call and <= 1 % of the step.
 """
 
 from __future__ import annotations
@@ -125,6 +127,8 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--calls", type=int, default=500, help="checkpointed calls timed per round (per-call cost)")
+    p.add_argument("--routing", action="store_true",
+                   help="as in a process where moe-routing-replay found a router: every checkpointed call a region")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     import transformers
@@ -147,6 +151,8 @@ def main(argv=None):
         for _ in range(args.rounds):  # interleaved: drift of a busy machine hits both sides alike
             for side in ("without", "with"):
                 hotfix.revert() if side == "without" else hotfix.activate()
+                if side == "with" and args.routing:  # what reading an MoE's classes switches on (the region per call)
+                    hotfix.known_patches()["moe-routing-replay"].routing = True
                 calls[side].append(_call_us(probe, tiny, args.calls))
                 if side == "without" and upstream_runs:
                     try:
