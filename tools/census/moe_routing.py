@@ -9,7 +9,8 @@ code calls ``topk``, whose config counts experts).  Each type is built tiny (ran
 2), its routers tied and drifted during the recomputation only (moe_cases' drift device), and trained one step with
 reentrant and with non-reentrant checkpointing through transformers' enabler against the same step without
 checkpointing: in one child without hotfix (HOTFIX_DISABLE=1) and one with it.  Also: Qwen3-MoE with peft LoRA on q,
-v and the router (a 4.x router is an ``nn.Linear``; a 5.x router is not, and the adapter is on q, v only), and
+v and the router (a 4.x router is an ``nn.Linear``; on a 5.x router, a bare weight, through peft's
+``target_parameters``), and
 Qwen3-MoE / Mixtral without drift, whose checkpointed gradients must be bit-identical with and without hotfix.
 
 Exit status 0 when every buildable cell is equal with hotfix, fails without it (drift cases), and the no-drift
@@ -97,7 +98,8 @@ def cell(row: Optional[Dict]) -> str:
         return f"equal ({row['total']})"
     if status == "differs":
         missing = f", {row['missing'] + row['unexpected']} missing" if row["missing"] + row["unexpected"] else ""
-        return f"WRONG: {row['total'] - row['wrong'] - row['missing'] - row['unexpected']}/{row['total']} equal{missing}"
+        equal = row["total"] - row["wrong"] - row["missing"] - row["unexpected"]
+        return f"WRONG: {equal}/{row['total']} equal{missing}"
     if status == "crash":
         error = row["error"]
         for known in ("different metadata", "different number of tensors", "does not require grad"):
@@ -153,7 +155,8 @@ def render(measured: Dict[str, Dict[str, List[Dict]]]) -> str:
         hotfix = {row["case"]: row for row in sides["hotfix"]}
         types = list(dict.fromkeys(case.split(":")[0] for case in upstream if case.count(":") == 1))
         out += [f"## transformers {line}", "",
-                "| model type | reentrant, upstream | reentrant, hotfix | non-reentrant, upstream | non-reentrant, hotfix |",
+                "| model type | reentrant, upstream | reentrant, hotfix | non-reentrant, upstream "
+                "| non-reentrant, hotfix |",
                 "|---|---|---|---|---|"]
         for model in types:
             cells = [cell(side.get(f"{model}:{mode}")) for mode in MODES for side in (upstream, hotfix)]

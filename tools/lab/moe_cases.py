@@ -13,9 +13,11 @@ checkpointing nothing runs in the backward: the reference step sees the ties as 
 
 Each case: one step without checkpointing, one with it (``MODE``: reentrant / non-reentrant, through transformers'
 enabler), same seed and batch; every trainable gradient compared at ``RTOL`` relative (a gradient missing on one
-side is never equal).  ``lora``: peft LoRA on q, v and the router (its base weight tied and drifted; the adapter's
-B starts at zero, so the ties hold).  ``nodrift``: no tie, no drift; the checkpointed step's gradients as a digest
-(with hotfix bit-identical to without: the replay changes nothing where nothing drifts).  This module imports torch, transformers, peft, never hotfix: a child that
+side is never equal).  ``lora``: peft LoRA on q, v and the router (an ``nn.Linear`` router as a module, 5.x's bare
+router weight through peft's ``target_parameters``; its base weight tied and drifted; the adapter's B starts at zero,
+so the ties hold).  ``nodrift``: no tie, no drift; the checkpointed step's gradients as a digest (with hotfix
+bit-identical to without: the replay changes nothing where nothing drifts).  This module imports torch,
+transformers, peft, never hotfix: a child that
 must run upstream imports it before anything activates hotfix.
 """
 
@@ -105,12 +107,12 @@ def tie_and_drift(model, num_experts: int, top_k: int, epsilon: float = EPSILON)
 
 
 #: a tiny size for every field a MoE config may have (set where the model type's config has the field)
-TINY = dict(COMMON, num_key_value_heads=4, head_dim=8, moe_intermediate_size=16, shared_expert_intermediate_size=16, num_experts=8,
-            num_local_experts=8, n_routed_experts=8, moe_num_experts=8, num_experts_per_tok=2, moe_topk=2, n_group=1,
-            topk_group=1, first_k_dense_replace=0, decoder_sparse_step=1, mlp_only_layers=[], n_shared_experts=1,
-            kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8, sliding_window=8,
-            hidden_dropout=0.0, router_jitter_noise=0.0, layer_types=None, pad_token_id=0, bos_token_id=1,
-            eos_token_id=2)
+TINY = dict(COMMON, num_key_value_heads=4, head_dim=8, moe_intermediate_size=16, shared_expert_intermediate_size=16,
+            num_experts=8, num_local_experts=8, n_routed_experts=8, moe_num_experts=8, num_experts_per_tok=2,
+            moe_topk=2, n_group=1, topk_group=1, first_k_dense_replace=0, decoder_sparse_step=1, mlp_only_layers=[],
+            n_shared_experts=1, kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8,
+            sliding_window=8, hidden_dropout=0.0, router_jitter_noise=0.0, layer_types=None, pad_token_id=0,
+            bos_token_id=1, eos_token_id=2)
 EXPERTS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
 TOP_K = ("num_experts_per_tok", "moe_topk")
 
@@ -174,10 +176,17 @@ def build(model_type: str, lora: bool = False, seed: int = 0, drift: bool = True
     if lora:
         from peft import LoraConfig, get_peft_model
 
-        targets = ["q_proj", "v_proj"] + sorted({name.rsplit(".", 1)[-1] for name, module in model.named_modules()
-                                                  if name.rsplit(".", 1)[-1] in ("gate", "router")
-                                                  and isinstance(module, nn.Linear)})
-        model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=targets, lora_dropout=0.0))
+        routers = {name.rsplit(".", 1)[-1]: module for name, module in model.named_modules()
+                   if name.rsplit(".", 1)[-1] in ("gate", "router")}
+        linear = sorted(leaf for leaf, module in routers.items() if isinstance(module, nn.Linear))
+        # a router that is no nn.Linear (5.x's TopKRouter: a bare weight): LoRA on that parameter (peft's
+        # target_parameters, a ParamWrapper around the router)
+        parameters = sorted(f"{leaf}.weight" for leaf, module in routers.items()
+                            if not isinstance(module, nn.Linear) and isinstance(getattr(module, "weight", None),
+                                                                                  nn.Parameter))
+        config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"] + linear, lora_dropout=0.0,
+                            **({"target_parameters": parameters} if parameters else {}))
+        model = get_peft_model(model, config)
         model.train()
     routers = tie_and_drift(model, num_experts, top_k, epsilon) if drift else len(router_weights(model, num_experts))
     generator = torch.Generator().manual_seed(seed + 1)
@@ -191,8 +200,8 @@ def enable(model, reentrant: bool) -> None:
     for name in ("activation_checkpointing_enable", "gradient_checkpointing_enable"):
         method = getattr(model, name, None)
         if method is not None:
-            key = "activation_checkpointing_kwargs" if name.startswith("activation") else "gradient_checkpointing_kwargs"
-            method(**{key: kwargs})
+            activation = name.startswith("activation")
+            method(**{"activation_checkpointing_kwargs" if activation else "gradient_checkpointing_kwargs": kwargs})
             return
 
 
@@ -245,7 +254,8 @@ def digest(loss: float, grads: dict) -> str:
     hashed = hashlib.sha256(repr(loss).encode())
     for name in sorted(grads):
         grad = grads[name]
-        hashed.update(name.encode() + (b"none" if grad is None else grad.cpu().contiguous().view(torch.uint8).numpy().tobytes()))
+        raw = b"none" if grad is None else grad.cpu().contiguous().view(torch.uint8).numpy().tobytes()  # any dtype
+        hashed.update(name.encode() + raw)
     return hashed.hexdigest()[:16]
 
 
