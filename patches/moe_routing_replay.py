@@ -69,8 +69,8 @@ class MoeRoutingReplay(Patch):
     )
     symptom = ("torch.utils.checkpoint.CheckpointError: A different number of tensors was saved during the original "
                "forward and recomputation (MoE models: Qwen3-MoE, Mixtral, gpt-oss, DeepSeek), or wrong gradients")
-    details = ("routers found in the model's code (topk); the forward's choice replayed in the recomputation; "
-               "checkpointing enabled through transformers' enablers")
+    details = ("routers found in the model's code (topk) when checkpointing is enabled (transformers' enablers, torch's "
+               "checkpoint_wrapper); the forward's choice replayed in the recomputation")
     upstream = "huggingface/transformers#47467 (fix PR #47508 closed unmerged); pytorch/pytorch#171355"
 
     def __init__(self) -> None:

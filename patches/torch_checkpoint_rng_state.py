@@ -25,7 +25,7 @@ from hotfix.checkpointing.torch_checkpoint import (FUNCTION_CLASS, GENERATOR, MO
 class TorchCheckpointRngState(Patch):
     name = "torch-checkpoint-rng-state"
     targets = (MODULE,)
-    # every torch line hotfix measures has the flag and no guard against random numbers drawn without it
+    # torch has the flag, and no guard against random numbers drawn without it, on every line hotfix supports
     mechanisms = (
         Mechanism("rng-not-preserved", {"torch": ">=2.4.0"}, unreached={"torch": "<2.4.0"},
                   summary="checkpoint(..., preserve_rng_state=False) around dropout: the recomputation draws other "
