@@ -7,8 +7,8 @@ for speed (torchtitan's and torchtune's wrappers, trainers' ``gradient_checkpoin
 
 How this fixes it: torch's reentrant ``CheckpointFunction.apply`` and its non-reentrant generator are wrapped; a call
 asking ``preserve_rng_state=False`` runs with True: torch stashes the generators' state in the forward and restores
-it in the recomputation.  Where nothing draws random numbers the results are the same bit for bit (the stash costs
-a few microseconds a call); where something does, the recomputation draws what the forward drew.  One "repaired"
+it in the recomputation.  Where nothing draws random numbers the results are the same bit for bit (the stash's cost
+is not measured); where something does, the recomputation draws what the forward drew.  One "repaired"
 line where a forward did draw (its CPU or device generator moved).  Under torch.compile the call is left alone.
 Revert puts both back.  docs/fixes/torch-checkpoint-rng-state.md.
 """
