@@ -3,27 +3,69 @@
 torch-ddp-find-unused repairs torch's reentrant checkpoint entered directly under DDP with find_unused_parameters
 ("Expected to mark a variable ready only once"), but a script importing torch and no transformers never activated
 hotfix.  Now the start-up hook watches torch's DistributedDataParallel.__init__ once torch is imported (a plain
-function on the class, no import): the first DDP built activates hotfix, and torch's own __init__ goes back."""
+function on the class, no import): the first DDP built activates hotfix, and torch's own __init__ goes back.
+
+Three shapes of script, one launch per mode for all (tests/support/torch_only_ddp.py's docstring): a plain module's
+blocks; diffusers' UNet2DModel with ``enable_gradient_checkpointing(partial(checkpoint, use_reentrant=True))``
+(diffusers from .matrix/, imported as where transformers is not installed: with transformers installed diffusers
+0.39.0 imports it, and that import activates hotfix before any DDP); a Hub-style model file loaded by path whose
+``from torch.utils.checkpoint import checkpoint`` was bound before hotfix was active, its layers checkpointing a
+bound method.  Measured 2026-11-29, torch 2.13.0+cpu, diffusers 0.39.0: upstream each case "Expected to mark a
+variable ready only once" on both ranks; with hotfix each equal to no checkpointing (blocks 8/8, UNet 144/144,
+Hub-style 25/25 parameter gradients), hotfix activated by the first DDP, transformers never loaded."""
 
 from __future__ import annotations
 
-from conftest import SUPPORT, launch_ranks, repair_notices, run_python
+import pytest
+
+from conftest import MATRIX, SUPPORT, launch_ranks, matrix_path, repair_notices, run_python
 
 SCRIPT = SUPPORT / "torch_only_ddp.py"
+DIFFUSERS = "0.39.0"  # tests/matrix.txt
 
 
-def test_torch_only_ddp_trains_equal_with_hotfix_installed(tmp_path):
-    upstream, _ = launch_ranks(tmp_path / "up", SCRIPT, ranks=2, disabled=True)
-    fixed, proc = launch_ranks(tmp_path / "hf", SCRIPT, ranks=2)
+@pytest.fixture(scope="module")
+def launches(tmp_path_factory):
+    """(upstream's results, hotfix's results, hotfix's launcher process): every case, one launch per mode."""
+    folder = tmp_path_factory.mktemp("torch_only_ddp")
+    diffusers = MATRIX / f"diffusers-{DIFFUSERS}"
+    pythonpath = [diffusers] if (diffusers / ".complete").exists() else []  # without it: the unet case skips
+    upstream, _ = launch_ranks(folder / "up", SCRIPT, ranks=2, disabled=True, pythonpath=pythonpath)
+    fixed, proc = launch_ranks(folder / "hf", SCRIPT, ranks=2, pythonpath=pythonpath)
+    return upstream, fixed, proc
+
+
+def test_torch_only_ddp_trains_equal_with_hotfix_installed(launches):
+    upstream, fixed, proc = launches
     for rank in (0, 1):
-        assert upstream[rank]["hotfix_after"] is False
+        assert upstream[rank]["hotfix_after"] is False, upstream[rank]
+        assert upstream[rank]["transformers_loaded"] is False, upstream[rank]
         assert "ready only once" in upstream[rank]["cases"]["blocks"].get("error", ""), upstream[rank]
         seen = fixed[rank]
+        # every module imported, the Hub file loaded and every model built before the first DDP: hotfix still off
         assert seen["transformers_loaded"] is False and seen["hotfix_before_ddp"] is False, seen
         assert seen["hotfix_after"] is True, seen
         case = seen["cases"]["blocks"]
         assert case["ok"] and case["equal"] and case["missing"] == 0, case
     assert any("torch-ddp-find-unused" in line for line in repair_notices(proc.stderr)), proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("name", ["unet", "hub_style"])
+def test_a_unet_and_a_hub_style_model_train_equal_in_the_same_script(launches, name):
+    if name == "unet":
+        matrix_path("diffusers", DIFFUSERS)  # skips where .matrix/ lacks it (fails in CI)
+    upstream, fixed, _ = launches
+    for rank in (0, 1):
+        assert "ready only once" in upstream[rank]["cases"][name].get("error", ""), upstream[rank]
+        seen = fixed[rank]
+        assert seen["transformers_loaded"] is False and seen["hotfix_before_ddp"] is False, seen
+        assert seen["hotfix_after"] is True, seen
+        case = seen["cases"][name]
+        assert case["ok"] and case["equal"] and case["missing"] == 0, case
+        if name == "unet":
+            assert seen["diffusers"] == DIFFUSERS, seen
+        else:  # the name the Hub file bound at load is torch's own function, in both modes
+            assert upstream[rank]["hub_checkpoint_is_torchs"] is True and seen["hub_checkpoint_is_torchs"] is True
 
 
 def test_the_watch_leaves_torch_alone_until_a_ddp_is_built_and_then_goes():
