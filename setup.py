@@ -6,8 +6,9 @@ hook), ``hotfix-checkpoint.pth`` (one line that loads it by its location and boo
 ``hotfix-checkpoint.start`` (Python >= 3.15), and ``hotfix_state.py`` (a copy of
 hotfix/startup/state.py: the in-process check that activates nothing).  An editable install (``pip install -e .``) gets a
 .pth of its own that runs hotfix/startup/boot.py from the checkout with the checkout as hotfix's
-home, so a checkout starts up exactly as an install does.  The file names and the .pth line are the
-start-up hook's own (``startup_line``), read from it here: defined once.
+home, so a checkout starts up exactly as an install does.  The file names and the .pth line are
+hotfix/startup/files.py's, the names in the line the start-up hook's (hotfix/startup/boot.py), read from them
+here: defined once.
 """
 
 import importlib.util
@@ -19,31 +20,33 @@ from setuptools.command.editable_wheel import editable_wheel
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 BOOT_SOURCE = os.path.join(ROOT, "hotfix", "startup", "boot.py")
+FILES_SOURCE = os.path.join(ROOT, "hotfix", "startup", "files.py")
 #: the read-only in-process check (``import hotfix_state``): at the root, since importing anything under hotfix/
 #: activates hotfix
 STATE_SOURCE = os.path.join(ROOT, "hotfix", "startup", "state.py")
 STATE_MODULE = "hotfix_state.py"
 
 
-def _boot_module():
-    """hotfix/startup/boot.py, loaded by its path (standard library only: setup.py imports no hotfix)."""
-    spec = importlib.util.spec_from_file_location("_hotfix_boot_for_setup", BOOT_SOURCE)
+def _load(path, name):
+    """A module of hotfix/startup/ that imports nothing, loaded by its path (setup.py imports no hotfix)."""
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-BOOT = _boot_module()
+BOOT = _load(BOOT_SOURCE, "_hotfix_boot_for_setup")
+FILES = _load(FILES_SOURCE, "_hotfix_files_for_setup")
 #: the .pth line of a wheel: the boot module beside it in site-packages, hotfix in the same folder
-WHEEL_LINE = BOOT.startup_line(
-    'os.path.join(sitedir, "%s.py")' % BOOT.BOOT_MODULE, "None",
+WHEEL_LINE = FILES.startup_line(
+    'os.path.join(sitedir, "%s.py")' % FILES.BOOT_MODULE, "None",
     "%s is damaged: %%s is missing; hotfix is off. Repair: %s" % (BOOT.DISTRIBUTION, BOOT.REINSTALL))
 
 
 def editable_line(root):
     """The editable install's .pth line: the checkout's boot module, the checkout as hotfix's home.  The
     checkout may be moved or deleted after the install: then one line says so, not a traceback."""
-    return BOOT.startup_line(
+    return FILES.startup_line(
         repr(os.path.join(root, "hotfix", "startup", "boot.py")), repr(root),
         "%s is installed in editable mode from %s, but %%s is missing (the checkout moved or was deleted); hotfix "
         "is off. Repair: pip install -e <the checkout>, or pip uninstall %s" % (BOOT.DISTRIBUTION, root,
@@ -52,8 +55,8 @@ def editable_line(root):
 
 class build_py_with_startup_files(build_py):
     def _startup_files(self):
-        return {BOOT.BOOT_MODULE + ".py": BOOT_SOURCE, STATE_MODULE: STATE_SOURCE, BOOT.PTH_FILE: WHEEL_LINE,
-                BOOT.START_FILE: BOOT.START_ENTRY + "\n"}
+        return {FILES.BOOT_MODULE + ".py": BOOT_SOURCE, STATE_MODULE: STATE_SOURCE, FILES.PTH_FILE: WHEEL_LINE,
+                FILES.START_FILE: FILES.START_ENTRY + "\n"}
 
     def run(self):
         super().run()
@@ -89,7 +92,7 @@ class _StrategyWithStartupFile:
 
     def __call__(self, wheel, files, mapping):
         self._strategy(wheel, files, mapping)
-        wheel.writestr(BOOT.PTH_FILE, editable_line(ROOT).encode())
+        wheel.writestr(FILES.PTH_FILE, editable_line(ROOT).encode())
         # hotfix_state runs the checkout's file, as the editable hotfix does
         wheel.writestr(STATE_MODULE, ("__file__ = %r\nexec(compile(open(__file__).read(), __file__, 'exec'))\n"
                                       % STATE_SOURCE).encode())

@@ -14,7 +14,7 @@ from typing import List
 
 #: the distribution's name; the start-up hook tells hotfix-checkpoint's hotfix/ from a user's own module named
 #: hotfix by this line (within the file's first 4 KiB: boot.MARKER)
-from hotfix.startup.boot import DISTRIBUTION  # noqa: E402,F401  (hotfix.DISTRIBUTION)
+from hotfix.startup.hook import DISTRIBUTION  # noqa: E402,F401  (hotfix.DISTRIBUTION)
 
 
 def _fixes_beside_a_checkout() -> None:

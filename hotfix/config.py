@@ -30,7 +30,7 @@ from typing import FrozenSet, Mapping, Optional
 
 logger = logging.getLogger("hotfix")
 
-from hotfix.startup.boot import DISABLE_VAR, TRUE_VALUES  # the start-up hook reads HOTFIX_DISABLE too
+from hotfix.startup.hook import DISABLE_VAR, TRUE_VALUES  # the start-up hook reads HOTFIX_DISABLE too
 
 DISABLED_PATCHES_VAR = "HOTFIX_DISABLED_PATCHES"
 LOG_LEVEL_VAR = "HOTFIX_LOG_LEVEL"

@@ -38,7 +38,7 @@ from hotfix import relations
 from hotfix.startup import post_import, reload_watch
 from hotfix.notice import attach_stderr_handler
 from hotfix.patch import Patch
-from hotfix.startup.boot import DISTRIBUTION, ENTRY_POINT_GROUP, is_third_party
+from hotfix.startup.hook import DISTRIBUTION, ENTRY_POINT_GROUP, is_third_party
 
 logger = logging.getLogger("hotfix")
 

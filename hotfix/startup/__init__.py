@@ -1,8 +1,12 @@
 """How hotfix starts: the start-up hook and what follows a module's import.
 
-    boot          the start-up hook (standard library only; loaded by its path as ``_hotfix_boot``): the
-                  finder that activates hotfix on the first import of a trigger, the loader proxy and the
-                  finder loop, the start-up files and their .pth line, HOTFIX_DISABLE's true values
+    boot          the start-up hook (standard library only; loaded once per process, by its path, as
+                  ``_hotfix_boot``): the finder that activates hotfix on the first import of a trigger, the
+                  loader proxy and the finder loop, HOTFIX_DISABLE's true values
+    hook          that module as this process loaded it: the package reads the hook's names from it
+    files         the start-up files and their .pth line (setup.py, ``hotfix status``)
+    post_import   what follows a target's import: the fixes' post-import hooks
     reload_watch  re-applies fixes after ``importlib.reload`` of a target (boot's proxy and loop)
+    state         ``hotfix_state``: the read-only in-process check, shipped at the root of site-packages
     status        is the start-up hook in effect in this interpreter (``hotfix status``)
 """

@@ -1,68 +1,19 @@
-"""Start-up hook of hotfix, run by ``hotfix-checkpoint.pth`` (``.start`` on Python >= 3.15).
+"""The start-up hook: run by ``hotfix-checkpoint.pth`` (``.start`` on Python >= 3.15) in every interpreter.
 
-Why it is so small: site-packages ``.pth`` lines run in *every* interpreter
-start (pip, DataLoader workers, torchrun children), so this module imports
-only ``sys`` and ``_thread``, reads only the environment, and writes nothing.
-The wheel ships it twice: as this module of the package, which hotfix imports
-(reload_watch, status, config and setup.py use what is defined here once: the
-loader proxy, the finder loop, the start-up files, the true values, the rule
-that tells a third-party fix), and as ``_hotfix_boot.py`` at the root of
-site-packages, which the ``.pth`` line loads by its path (setup.py copies it
-there and writes the start-up files from :func:`startup_line`).
+Frugal on purpose: it runs in every process (pip, DataLoader workers, torchrun children), imports only ``sys``
+and ``_thread``, reads only the environment and writes nothing.  It is loaded once per process, by its path, as
+``_hotfix_boot`` (the wheel's copy at the root of site-packages; an editable install's .pth names this file);
+the package reads its names from that same module (``hotfix.startup.hook``), never loading it a second time.
+What is not needed at interpreter start-up lives elsewhere: the start-up files and their .pth line in
+``hotfix.startup.files``, the long story in docs/design.md ("Start-up and activation"):
 
-How it activates hotfix without ever importing under the import lock
---------------------------------------------------------------------
-It puts one finder at the front of ``sys.meta_path``.  Python calls a finder's
-``find_spec`` while holding its global import lock; importing anything there
-deadlocks against a thread that holds a module lock (``re``, ``logging``...)
-and waits for that global lock.  So for a trigger (transformers, unsloth,
-unsloth_zoo) ``find_spec`` imports nothing: it asks the finders behind it for
-the trigger's spec and hands that spec back with its loader wrapped, every time
-until hotfix is active: a look-up that never executes the spec
-(``importlib.util.find_spec("transformers")`` in TRL, diffusers, an
-``is_unsloth_available()``) leaves the real import to activate.  The wrapper's ``exec_module`` runs outside the global lock,
-under the trigger's own module lock, exactly where the trigger's own code is
-about to run its imports: it activates hotfix there, then executes the
-trigger.  Patches attach through wrapt post-import hooks, so they are in place
-before any of the trigger's submodules load.
-
-When: once this thread can import what hotfix needs
----------------------------------------------------
-Activation imports hotfix, wrapt, packaging, much of the standard library and
-every third-party fix's module.  A module whose body is still running in this
-thread sits half made in ``sys.modules``, and an import of it hands over that
-half ("partially initialized module 'logging'"), so:
-
-* a trigger is activated on *before* its code runs (hotfix needs none of them);
-* with third-party fixes installed, the first import of a module outside the
-  standard library is activated on *after* its code ran (a standard-library
-  module first, ``import logging``, is passed over: no fix needs hotfix there);
-* never while the body of a standard-library module, wrapt, packaging or hotfix
-  runs in this thread (``site``'s during interpreter start-up, when sys.path is
-  not final yet; ``importlib.metadata``'s while it imports ``email``): the
-  activation is then put off to the next top-level import.
-
-Which third-party fixes: from the listings Python made already
---------------------------------------------------------------
-Whether a distribution other than hotfix-checkpoint declares fixes is read,
-at the first import of a module outside the standard library, from the
-``*.dist-info`` / ``*.egg-info`` folders of the ``sys.path`` entries, found in
-the listing of each folder that Python's path finder keeps
-(``sys.path_importer_cache``; interpreter start-up's own lookups filled it):
-only a folder Python has not listed yet is listed here.  A folder of 100,000
-files on ``PYTHONPATH`` is listed once per process, as without hotfix; its
-names are searched at C speed (docs/performance.md).
-
-Which code runs: hotfix's own, found by location
-------------------------------------------------
-The ``.pth`` line loads this file by its path in site-packages (not by a name
-on ``sys.path``, where a user's ``_hotfix_boot.py`` could stand first), and
-activation loads the ``hotfix`` package from the same directory.  A user's own
-``hotfix.py`` or ``hotfix/`` earlier on ``sys.path`` is never executed; a
-damaged or overwritten install, or a foreign ``hotfix`` already imported, is
-one line on stderr and the program goes on without hotfix.  hotfix-checkpoint's
-own source checkout first on sys.path (a script run from its root) is no
-exception: the installed copy runs, the one whose fixes were installed with it.
+* one finder at the front of ``sys.meta_path`` that imports nothing under the import lock: for a trigger it
+  hands back the spec the finders behind it give, its loader wrapped; the first spec *executed* activates
+  hotfix (a look-up that never executes one, ``importlib.util.find_spec``, leaves the next one to do it);
+* activation never runs while a module activation needs is half made in this thread (it is put off to the
+  next top-level import); with third-party fixes, the first import outside the standard library activates;
+* hotfix is loaded from the folder this file came from: a ``hotfix`` of the user's earlier on sys.path is never
+  executed, a damaged install is one line on stderr.
 """
 
 import sys
@@ -72,12 +23,6 @@ import _thread
 # targets are imported earlier are still applied: wrapt runs a hook at once
 # for a module already loaded.
 TRIGGERS = frozenset({"transformers", "unsloth", "unsloth_zoo"})
-
-
-def triggers_text():
-    """The trigger names as a sentence's end: "transformers, unsloth or unsloth_zoo"."""
-    names = sorted(TRIGGERS)
-    return ", ".join(names[:-1]) + " or " + names[-1]
 
 # A torch-only script (a plain module, a Hub model's own code, timm, diffusers' UNet calling torch's reentrant
 # checkpoint under DDP(find_unused_parameters=True)) imports no trigger.  Activating at `import torch` would cost every
@@ -113,30 +58,8 @@ PACKAGE = "hotfix"
 DISTRIBUTION = "hotfix-checkpoint"
 # hotfix/__init__.py carries this line (within its first 4 KiB); another distribution's
 # hotfix/__init__.py, or a user's own hotfix.py, does not.
-MARKER = b"from hotfix.startup.boot import DISTRIBUTION"
+MARKER = b"from hotfix.startup.hook import DISTRIBUTION"
 REINSTALL = "pip install --force-reinstall --no-deps hotfix-checkpoint"
-
-# The start-up files at the root of a site directory (setup.py writes them into the wheel): the .pth line,
-# the PEP 829 .start file (Python >= 3.15), and the name this module is loaded under.
-PTH_FILE = "hotfix-checkpoint.pth"
-START_FILE = "hotfix-checkpoint.start"
-BOOT_MODULE = "_hotfix_boot"
-STARTUP_FILES = (PTH_FILE, START_FILE)
-START_ENTRY = BOOT_MODULE + ":boot"
-
-
-def startup_line(boot_path, home, missing):
-    """The .pth line: load the boot module from ``boot_path`` (a Python expression) by its location and run
-    ``boot(home)`` (an expression too; None: the boot module's own folder); where that file is gone, write
-    ``missing`` (its ``%s`` is the path) as one line instead of a traceback.  In a venv Python reads
-    site-packages twice (lib64 -> lib): a second reading does nothing.  One line of expressions (a .pth runs
-    single lines), no ``exec`` and no import but of loaded built-ins; ``os`` and ``sitedir`` are site's.  For
-    the wheel and for an editable install (setup.py)."""
-    return ("import sys, _frozen_importlib as b, _frozen_importlib_external as e; p = %s; n = %r; "
-            "s = None if n in sys.modules else e.spec_from_file_location(n, p) if os.path.isfile(p) else "
-            "(sys.modules.__setitem__(n, None), sys.stderr.write('hotfix: ' + %r %% p + '\\n'))[0]; "
-            "m = s and b.module_from_spec(s); s and sys.modules.__setitem__(n, m); s and s.loader.exec_module(m); "
-            "s and m.boot(%s)\n" % (boot_path, BOOT_MODULE, missing, home))
 
 
 def _say(message):

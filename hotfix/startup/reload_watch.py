@@ -10,7 +10,7 @@ finder answers only those calls, and only for the targets of hotfix's patches:
 it hands back the spec the other finders give, with a loader that re-applies
 the patches once the module has been re-executed.  Every ordinary import
 (``target is None``) returns at the first test.  The loader proxy and the
-finder loop are the start-up hook's (``hotfix.startup.boot``).
+finder loop are the start-up hook's (``hotfix.startup.hook``).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import logging
 import sys
 from typing import Any, Callable, Container
 
-from hotfix.startup.boot import LoaderProxy, spec_behind, wrappable
+from hotfix.startup.hook import LoaderProxy, spec_behind, wrappable
 
 logger = logging.getLogger("hotfix")
 

@@ -16,11 +16,18 @@ import sys
 import types
 from typing import List, Optional
 
-from hotfix.startup.boot import BOOT_MODULE, STARTUP_FILES, triggers_text
+from hotfix.startup.files import BOOT_MODULE, STARTUP_FILES
+from hotfix.startup.hook import TRIGGERS
 
 REMEDY = ("remedy: install it into this environment (pip install hotfix-checkpoint), or put `import hotfix` "
           "at the top of the script, or `import hotfix.auto` in a sitecustomize.py")
 UNPATCHED = "a script that never imports hotfix runs UNPATCHED"
+
+
+def triggers_text() -> str:
+    """The trigger names as a sentence's end: "transformers, unsloth or unsloth_zoo"."""
+    names = sorted(TRIGGERS)
+    return ", ".join(names[:-1]) + " or " + names[-1]
 
 
 def site_directories() -> List[str]:

@@ -294,17 +294,19 @@ def test_disabled_boot_loads_no_hotfix(user_script_disabled):
 
 
 def test_boot_and_config_read_one_set_of_disable_values():
-    """The "disable" spellings are defined once, in the start-up hook (hotfix.config reads them from it); the
-    copy the .pth line loaded by its path has the same."""
+    """The "disable" spellings are defined once, in the start-up hook, and the hook's file runs once per process:
+    hotfix.config reads them from the very module the .pth line loaded (issue 52, part 4: it used to import the
+    file a second time as hotfix.startup.boot)."""
     proc, seen = run_child(
         """
-        import hotfix.config, hotfix.startup.boot
-        report(one=hotfix.config.TRUE_VALUES is hotfix.startup.boot.TRUE_VALUES,
-               loaded=sorted(sys.modules["_hotfix_boot"].TRUE_VALUES), config=sorted(hotfix.config.TRUE_VALUES))
+        import hotfix.config, hotfix.startup.hook
+        report(one=hotfix.config.TRUE_VALUES is sys.modules["_hotfix_boot"].TRUE_VALUES,
+               same=hotfix.startup.hook.BOOT is sys.modules["_hotfix_boot"],
+               second=sorted(name for name in sys.modules if name.endswith(".boot") or "boot_for" in name))
         """,
         env={"HOTFIX_DISABLE": "1"},
     )
-    assert seen["one"] and seen["loaded"] == seen["config"]
+    assert seen["one"] and seen["same"] and seen["second"] == [], seen
 
 
 LISTINGS_PROBE = """

@@ -92,7 +92,7 @@ def test_hotfix_disable_value_space(value, caplog):
     gets exactly one warning naming the variable and the value, and disables.
     The boot module agrees: it stands aside only for the documented spellings
     and leaves every other value to hotfix.config (which warns)."""
-    from hotfix.startup import boot
+    from hotfix.startup.hook import BOOT as boot
 
     disabled, warns = DISABLE_CASES[value]
     settings, warnings = _settings({"HOTFIX_DISABLE": value}, caplog)

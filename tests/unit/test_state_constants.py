@@ -7,7 +7,7 @@ import importlib.util
 from pathlib import Path
 
 
-from hotfix.startup import boot
+from hotfix.startup.hook import BOOT as boot
 
 
 

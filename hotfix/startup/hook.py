@@ -1,0 +1,46 @@
+"""The start-up hook's module (``boot.py``) as this process loaded it: once, by its path, under ``_hotfix_boot``.
+
+The ``.pth`` line loads the hook at interpreter start-up; the package takes the hook's names (the triggers, the
+distribution's name, HOTFIX_DISABLE's values, the loader proxy) from that same module object instead of
+importing ``hotfix.startup.boot``, which would run the file a second time.  Where the hook did not run in this
+process (``python -S``, a checkout that is not installed, another installation's hook) or is not this
+installation's own, the file beside this one is loaded by its path, once, and not put in ``sys.modules``
+(``hotfix status`` tells from ``sys.modules["_hotfix_boot"]`` whether the start-up hook ran).
+"""
+
+import importlib.util
+import os
+import sys
+
+from hotfix.startup.files import BOOT_MODULE
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+SOURCE = os.path.join(_HERE, "boot.py")
+
+
+def _is_this_installations(module) -> bool:
+    """The wheel's copy sits at the root of the site directory holding this package; an editable install's
+    .pth runs this very file."""
+    where = getattr(module, "__file__", None)
+    if not where:
+        return False
+    where = os.path.realpath(where)
+    home = os.path.dirname(os.path.dirname(os.path.realpath(_HERE)))
+    return where == os.path.realpath(SOURCE) or where == os.path.join(home, BOOT_MODULE + ".py")
+
+
+def _load():
+    loaded = sys.modules.get(BOOT_MODULE)
+    if loaded is not None and _is_this_installations(loaded):
+        return loaded
+    spec = importlib.util.spec_from_file_location(BOOT_MODULE, SOURCE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+BOOT = _load()
+# The names the package uses, the hook's own objects (``hotfix.config.TRUE_VALUES is BOOT.TRUE_VALUES``).
+PACKAGE, DISTRIBUTION, TRIGGERS = BOOT.PACKAGE, BOOT.DISTRIBUTION, BOOT.TRIGGERS
+ENTRY_POINT_GROUP, DISABLE_VAR, TRUE_VALUES = BOOT.ENTRY_POINT_GROUP, BOOT.DISABLE_VAR, BOOT.TRUE_VALUES
+LoaderProxy, spec_behind, wrappable, is_third_party = BOOT.LoaderProxy, BOOT.spec_behind, BOOT.wrappable, BOOT.is_third_party
