@@ -7,7 +7,9 @@ workers would carry it).  A data descriptor on the module's class wins over the 
 ``__dict__``, so the model keeps exactly what transformers stored and every read, on the
 original or a copy, returns it wrapped.  Slots of several fixes on one class's MRO compose
 in a fixed order (by ``rank``, outermost highest), whichever classes hold them; each fix
-installs and reverts only its own.  Under ``torch.compile`` the raw function is handed out:
+installs and reverts only its own.  The composition is made once per (module class, stored function) and
+kept while the slots standing on the class's MRO are the same objects (a tuple of the classes' entries,
+compared at each read) and each fix whose answer for that function may change (``settled``) answers as before.  Under ``torch.compile`` the raw function is handed out:
 dynamo traces the checkpoint itself, where the reentrant bugs do not exist.  Dynamo inlines the
 slot's ``__get__``; there the function comes from the slot (the one function every module it
 answers for holds, recorded as they store it), not from ``instance.__dict__``: torch 2.11's dynamo
@@ -24,7 +26,7 @@ transformers' enablers set it (and on unpickling, and for models built before ac
 from __future__ import annotations
 
 import weakref
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Callable, Dict, NamedTuple, Optional, Tuple
 
 import wrapt
 
@@ -60,6 +62,21 @@ def slots_on(cls: type) -> Tuple["CheckpointFunctionSlot", ...]:
     return tuple(sorted(found, key=lambda s: s.rank))
 
 
+def _standing(cls: type) -> tuple:
+    """What decides ``slots_on(cls)``: the entry for ``ATTRIBUTE`` of each class of its MRO (slots never change
+    their ``displaced`` once made), compared by identity."""
+    return tuple([klass.__dict__.get(ATTRIBUTE) for klass in cls.__mro__])
+
+
+class _Composed(NamedTuple):
+    """The wrapper a class's reads of ``raw`` hand out, and what it was made from."""
+
+    raw: Any
+    standing: tuple
+    unsettled: Tuple[Tuple["CheckpointFunctionSlot", bool], ...]  # (slot, its serves(raw) then) where it may change
+    wrapper: Any
+
+
 def _first_slot(cls: type) -> Optional["CheckpointFunctionSlot"]:
     """The slot Python's attribute lookup finds on ``cls`` (the first class of its MRO defining ``ATTRIBUTE``)."""
     for klass in cls.__mro__:
@@ -92,7 +109,8 @@ class CheckpointFunctionSlot(property):
 
     def __init__(self, owner: type, wrapper: Callable, is_compiling: Callable[[], bool], rank: int,
                  displaced: Optional["CheckpointFunctionSlot"] = None,
-                 serves: Callable[[Any], bool] = lambda raw: True) -> None:
+                 serves: Callable[[Any], bool] = lambda raw: True,
+                 settled: Callable[[Any], bool] = lambda raw: True) -> None:
         slot = self
         super().__init__(lambda instance: read_under_compile(slot, instance))
         keep_dynamo_out_of_hotfix()  # torch is imported: the modules this slot serves are torch modules
@@ -100,15 +118,17 @@ class CheckpointFunctionSlot(property):
         self.wrapper = wrapper  # a wrapt wrapper function (wrapped, instance, args, kwargs)
         self.rank = rank
         # Does its fix act on calls through this stored function?  (Not where it relies on a fix that is not
-        # applied there: ``CheckpointFunctionFix.serves``.)  Asked at every read: what is applied may change.
+        # applied there: ``CheckpointFunctionFix.serves``.)  Asked when the composition is made, and again at each
+        # read where ``settled(raw)`` is False (its answer for that function may change with what is applied).
         self.serves = serves
+        self.settled = settled
         # Another fix's slot that stood on ``owner`` first: it keeps working through this one, and comes
         # back when this fix reverts (fixes revert in the reverse order of application).
         self.displaced = displaced
         self._is_compiling = is_compiling
-        # Every module of a model holds the same function object, so one cached
-        # (function, slots, wrapper) triple serves them all.
-        self._cache: tuple = (None, None, None)
+        # module class -> its composition: every module of a model holds the same function object, so one entry
+        # per class serves them all (a class with no slot of its own is answered by a base class's slot).
+        self._composed: Dict[type, _Composed] = {}
         # module -> the function in its __dict__ (filled where a function is stored through this slot, by
         # SlotCoverage.cover for functions stored before the slot stood there, and by reads outside
         # compile), and the one function they all hold: what a read under torch.compile hands out (see the
@@ -128,15 +148,23 @@ class CheckpointFunctionSlot(property):
         if raw is None:
             return raw
         self.hold(instance, raw)
-        slots = tuple(slot for slot in slots_on(type(instance)) if slot.serves(raw))
-        cached_raw, cached_slots, cached_wrapper = self._cache
-        if cached_raw is raw and cached_slots == slots:
-            return cached_wrapper
+        cls = type(instance)
+        composed = self._composed.get(cls)
+        if (composed is None or composed.raw is not raw or composed.standing != _standing(cls)
+                or any(slot.serves(raw) is not served for slot, served in composed.unsettled)):
+            composed = self._compose(cls, raw)
+        return composed.wrapper
+
+    def _compose(self, cls: type, raw: Any) -> _Composed:
+        standing, slots = _standing(cls), slots_on(cls)
+        served = [(slot, bool(slot.serves(raw))) for slot in slots]
         wrapper = raw
-        for slot in slots:
-            wrapper = wrapt.FunctionWrapper(wrapper, slot.wrapper)
-        self._cache = (raw, slots, wrapper)
-        return wrapper
+        for slot, serves in served:
+            if serves:
+                wrapper = wrapt.FunctionWrapper(wrapper, slot.wrapper)
+        composed = _Composed(raw, standing, tuple(item for item in served if not item[0].settled(raw)), wrapper)
+        self._composed[cls] = composed
+        return composed
 
     def __set__(self, instance: Any, value: Any) -> None:
         instance.__dict__[ATTRIBUTE] = value
@@ -188,8 +216,9 @@ class SlotCoverage:
     """
 
     def __init__(self, patch: Any, wrapper: Callable, rank: int,
-                 serves: Callable[[Any], bool] = lambda raw: True) -> None:
-        self.patch, self.wrapper, self.rank, self.serves = patch, wrapper, rank, serves
+                 serves: Callable[[Any], bool] = lambda raw: True,
+                 settled: Callable[[Any], bool] = lambda raw: True) -> None:
+        self.patch, self.wrapper, self.rank, self.serves, self.settled = patch, wrapper, rank, serves, settled
 
     def hook(self, modeling_utils: Any) -> None:
         """Cover after every enabler of ``PreTrainedModel``, and the models that exist already."""
@@ -243,4 +272,4 @@ class SlotCoverage:
         from torch.compiler import is_compiling
 
         return CheckpointFunctionSlot(cls, self.wrapper, is_compiling, rank=self.rank, displaced=displaced,
-                                      serves=self.serves)
+                                      serves=self.serves, settled=self.settled)

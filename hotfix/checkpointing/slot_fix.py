@@ -32,6 +32,10 @@ def on_every_reached_release(name: str, summary: str) -> Mechanism:
     return Mechanism(name, REACHED, unreached=NOT_REACHED, summary=summary)
 
 
+def _function_of(raw: Any) -> Any:
+    return raw.func if isinstance(raw, functools.partial) else raw
+
+
 class CheckpointFunctionFix(Patch):
     """A fix whose slots wrap ``module._gradient_checkpointing_func`` (``targets`` include ``MODELING_UTILS``)."""
 
@@ -49,7 +53,8 @@ class CheckpointFunctionFix(Patch):
     def coverage(self) -> SlotCoverage:
         """This fix's slot coverage, made with its wrapper at the first apply."""
         if self._coverage is None:
-            self._coverage = SlotCoverage(self, self.build_wrapper(), relations.slot_rank(self.name), self.serves)
+            self._coverage = SlotCoverage(self, self.build_wrapper(), relations.slot_rank(self.name), self.serves,
+                                          self.settled)
         return self._coverage
 
     def serves(self, raw: Any) -> bool:
@@ -59,10 +64,16 @@ class CheckpointFunctionFix(Patch):
         one relies on (``relations.FORK_CHECKPOINT``) and that fix has not put in place: axolotl's own wrapper
         reads the call transformers made (``decoder_layer.func``), which this fix's rewrite of the call is not.
         """
-        function = raw.func if isinstance(raw, functools.partial) else raw
+        function = _function_of(raw)
         module = getattr(function, "__module__", None)
         return not any(module in fork.targets and not fork.installed(function)
                        for fork in self.relied_on(relations.FORK_CHECKPOINT))
+
+    def settled(self, raw: Any) -> bool:
+        """Is :meth:`serves`'s answer for ``raw`` the same whatever is applied later?  Yes unless ``raw``'s
+        function comes from a fork this fix relies on there (a fork's targets are declared, never changed)."""
+        module = getattr(_function_of(raw), "__module__", None)
+        return not any(module in fork.targets for fork in self.relied_on(relations.FORK_CHECKPOINT))
 
     def missing(self, under_ddp: bool = False) -> List[str]:
         """The fixes this one relies on for every call it changes (``relations.ALWAYS``), and ``under_ddp`` for a

@@ -18,6 +18,7 @@ from unittest import mock
 
 import pytest
 import torch
+import wrapt
 
 from hotfix.checkpointing.inputs import find_grad_tensors, hides_nothing, lift_closure_tensors
 from hotfix.checkpointing.shared_state import SharedStateWrites
@@ -343,6 +344,48 @@ def test_slots_compose_by_rank_whichever_class_holds_them_and_the_instance_keeps
     finally:
         for owner in slots:
             delattr(owner, ATTRIBUTE)
+
+
+def test_the_composition_is_made_once_per_class_and_function_and_again_when_what_decides_it_changes():
+    """Issue 52 part 1: a read no longer walks the MRO, asks every slot and builds wrappers; it reuses the
+    composition made for (class, function) while the slots standing on the MRO are the same objects and every
+    answer that may change (``settled`` False) is unchanged.  Each change below must show in the next read."""
+    asked = []
+    serving = {"fork": True}
+
+    def serves_fork(raw):
+        asked.append(raw)
+        return serving["fork"] if raw is fork_function else True
+
+    def settled(raw):
+        return raw is not fork_function
+
+    fork_function = functools.partial(min, 9)
+    slot = CheckpointFunctionSlot(Layer, _tag("layer"), lambda: False, rank=10, serves=serves_fork, settled=settled)
+    Layer._gradient_checkpointing_func = slot
+    try:
+        layer = Layer()
+        layer._gradient_checkpointing_func = raw = functools.partial(max, 0)
+        with mock.patch.object(wrapt, "FunctionWrapper", wraps=wrapt.FunctionWrapper) as built:
+            first = getattr(layer, ATTRIBUTE)
+            assert all(getattr(layer, ATTRIBUTE) is first for _ in range(100)) and getattr(Layer(), ATTRIBUTE) is None
+            assert built.call_count == 1 and asked == [raw]  # composed once, serves asked once (settled)
+            # a slot put on a base class later (another fix covering it): the next read composes with it
+            Base._gradient_checkpointing_func = CheckpointFunctionSlot(Base, _tag("base"), lambda: False, rank=20)
+            assert getattr(layer, ATTRIBUTE)(5) == ("base", ("layer", 5)) and built.call_count == 3
+            del Base._gradient_checkpointing_func  # reverted: the base's wrapper goes at the next read
+            assert getattr(layer, ATTRIBUTE)(5) == ("layer", 5)
+            # another function stored: composed for it
+            layer._gradient_checkpointing_func = fork_function
+            assert getattr(layer, ATTRIBUTE)(5) == ("layer", 5)
+            # an answer that may change (a fork's function) is asked at every read and followed
+            asked.clear()
+            serving["fork"] = False
+            assert getattr(layer, ATTRIBUTE) is fork_function and len(asked) >= 1
+            serving["fork"] = True
+            assert getattr(layer, ATTRIBUTE)(5) == ("layer", 5)
+    finally:
+        del Layer._gradient_checkpointing_func
 
 
 def _dynamo_reads(module, name):
