@@ -23,6 +23,10 @@ pipq() { "$VENV/bin/pip" install -q --disable-pip-version-check "$@" 2>&1 | grep
 # (its module fixtures, often minutes of training, computed once), one thread each: most tests wait on child
 # interpreters starting or on 2-rank launches, so two at once fill the 2 cores CI has.
 WORKERS=${HOTFIX_TEST_WORKERS:-2}
+# The run's time log (tests/conftest.py writes it; tools/bench/ci_time.py renders docs/ci-time.md): a JSON line per test
+# phase and per child interpreter, in a folder emptied here.
+export HOTFIX_CI_LOG=${HOTFIX_CI_LOG:-$PWD/.ci-log}
+rm -rf "$HOTFIX_CI_LOG"
 tier() { (cd tests && OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} "../$VENV/bin/python" -m pytest -p no:cacheprovider \
           -n "$WORKERS" --dist loadfile "$@") || [ $? -eq 5 ]; }
 # The releases of tests/matrix.txt whose names match $1 (a grep -E pattern), each installed once, side by side in

@@ -20,6 +20,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
@@ -41,6 +42,38 @@ from rank_results import free_port  # noqa: E402,F401  (tests import free_port f
 
 MATRIX = REPO / ".matrix"
 IN_CI = bool(os.environ.get("CI"))
+#: a folder where scripts/test.sh asks for the run's time log: one JSON line per test phase, and one per child
+#: interpreter started through run_python (tools/bench/ci_time.py renders docs/ci-time.md from it)
+CI_LOG = os.environ.get("HOTFIX_CI_LOG")
+
+
+def _ci_log(record: dict) -> None:
+    import json
+
+    folder = Path(CI_LOG)
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / f"{os.getpid()}.jsonl", "a") as handle:  # a file per process: no interleaved lines
+        handle.write(json.dumps(record) + "\n")
+
+
+def pytest_runtest_logreport(report) -> None:
+    # pytest-xdist's workers report to the controller, which calls this hook again: log there only
+    if CI_LOG and not os.environ.get("PYTEST_XDIST_WORKER"):
+        _ci_log({"test": report.nodeid, "phase": report.when, "s": round(report.duration, 3),
+                 "outcome": report.outcome})
+
+
+def _log_child(args: List[str], env: Dict[str, str], python: Optional[str], wall: float) -> None:
+    """What CI's time log records of one child: which test, which interpreter and releases, upstream or hotfix."""
+    entries = [Path(entry) for entry in env.get("PYTHONPATH", "").split(os.pathsep) if entry]
+    releases = sorted(entry.name for entry in entries if entry.parent == MATRIX)
+    interpreter = Path(python or sys.executable)
+    venv = interpreter.parent.parent
+    what = next((Path(arg).name for arg in args if arg.endswith(".py")), None) or " ".join(args[:2])[:60]
+    _ci_log({"child": os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" ", 1)[0], "wall_s": round(wall, 3),
+             "python": venv.name if venv.parent in (REPO, MATRIX) else str(venv), "releases": releases,
+             "upstream": env.get("HOTFIX_DISABLE", "").strip().lower() in ("1", "true", "yes", "on"),
+             "what": what})
 
 
 def matrix_versions(name: str) -> List[str]:
@@ -121,8 +154,13 @@ def run_python(
     cwd defaults to a directory outside the repository so that the source
     tree's ``hotfix/`` can never shadow the installed one.
     """
-    return children.run_python(args, env=clean_env(env, pythonpath), cwd=cwd or TESTS / "_scratch",
-                               timeout=timeout, python=python)
+    child = clean_env(env, pythonpath)
+    start = time.monotonic()
+    try:
+        return children.run_python(args, env=child, cwd=cwd or TESTS / "_scratch", timeout=timeout, python=python)
+    finally:
+        if CI_LOG:
+            _log_child(args, child, python, time.monotonic() - start)
 
 
 def launch_ranks(folder: Path, script: Path, args: Sequence[str] = (), ranks: int = 2, *, disabled: bool = False,
