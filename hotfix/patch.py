@@ -17,7 +17,7 @@ import sys
 import threading
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
-from hotfix import gate, relations
+from hotfix import gate, junction, relations
 from hotfix.declarations import Lost, Mechanism, Verdict, declaration_problems
 from hotfix.gate import check_range
 from hotfix.ledger import Ledger
@@ -90,6 +90,13 @@ class Patch:
     def wrap(self, owner: Any, attribute: str, wrapper: Callable) -> Any:
         """Wrap ``owner.attribute`` with a wrapt ``FunctionWrapper`` set on ``owner`` itself (``Ledger.wrap``)."""
         return self.ledger.wrap(owner, attribute, wrapper)
+
+    def join(self, owner: Any, attribute: str, hook: Callable) -> Any:
+        """Run ``hook`` (a wrapt wrapper) in the one wrapper that every fix wrapping ``owner.attribute`` shares, at
+        this fix's place in ``relations.JOIN_ORDER`` (``hotfix.junction``); revert takes it back as ``wrap``'s."""
+        present = owner.__dict__.get(attribute) if hasattr(owner, "__dict__") else None
+        new = junction.joined(owner, attribute, self.name, hook, relations.join_rank)
+        return new if new is present else self.ledger.replace(owner, attribute, new)
 
     def installed(self, value: Any) -> bool:
         """Is ``value`` an object this fix put in place (and has not taken back)?"""

@@ -6,7 +6,8 @@ applied.  Where a fix it relies on is not applied (opted out, skipped, drifted, 
 the call as upstream makes it, or takes the one path that works without it (``Reliance.without``):
 opting a fix out gives upstream's behaviour for what that fix covers, never a crash upstream does not
 have.  :data:`SLOT_ORDER` is how the fixes that wrap transformers' checkpoint function compose
-(``hotfix.checkpointing.slot``).  docs/design.md's tables are tested against both.
+(``hotfix.checkpointing.slot``), :data:`JOIN_ORDER` how those that wrap one attribute of torch, unsloth-zoo or
+DeepSpeed together do (``hotfix.junction``).  docs/design.md's tables are tested against both.
 """
 
 from __future__ import annotations
@@ -24,6 +25,16 @@ SLOT_ORDER: Tuple[str, ...] = (
     "transformers-frozen-inputs",  # anchors a layer no input of which needs grad (lifted inputs count)
     "transformers-ddp-find-unused",  # adds the layer's trainable parameters as the last inputs
     "deepspeed-checkpoint-layer-io",  # innermost: sees the function handed to DeepSpeed's checkpoint, as handed
+)
+
+#: The fixes that wrap one attribute together (``hotfix.junction``: torch's ``CheckpointFunction.apply`` and its
+#: non-reentrant generator, unsloth-zoo's ``UnslothCheckpointFunction.apply``, DeepSpeed's ``CheckpointFunction.apply``),
+#: outermost first: each hands the next the call as it changed it.  A fix not named here joins innermost.
+JOIN_ORDER: Tuple[str, ...] = (
+    "unsloth-zoo-closure-tensors",  # lifts the tensors unsloth's partial hides: the others see them as inputs
+    "torch-ddp-find-unused",  # adds the trainable parameters the function uses as its last inputs
+    "torch-checkpoint-rng-state",  # asks torch to stash the generators; probes the function's first call
+    "moe-routing-replay",  # innermost: the function the checkpoint runs (and runs again) becomes a region's call
 )
 
 # Where one fix relies on another (``Reliance.where``; the keys a fix passes to ``relied_on``).
@@ -73,6 +84,12 @@ def slot_rank(name: str) -> int:
     if name not in SLOT_ORDER:
         raise LookupError(f"{name!r} is not in hotfix.relations.SLOT_ORDER")
     return len(SLOT_ORDER) - SLOT_ORDER.index(name)
+
+
+def join_rank(name: str) -> Tuple[int, str]:
+    """Where a fix's hook runs in a junction: ``JOIN_ORDER``'s place, outermost lowest; a fix it does not name (a
+    third-party fix) after every named one, by name."""
+    return (JOIN_ORDER.index(name), "") if name in JOIN_ORDER else (len(JOIN_ORDER), name)
 
 
 class NotLoaded:

@@ -209,11 +209,11 @@ class MoeRoutingReplay(Patch):
         if module.__name__ == WRAPPER_MODULE:
             self.wrap(module.CheckpointWrapper, "__init__", self._route_wrapped)
             return
-        # installed now, in the order of application (another fix wraps the same class attribute: each revert puts
-        # back what it found); until a router is found the wrappers hand every call on as it is
-        self.wrap(module.__dict__[FUNCTION_CLASSES[module.__name__]], "apply", self._function_in_region())
+        # installed now, joined with the other fixes there (relations.JOIN_ORDER: innermost); until a router is found
+        # the hooks hand every call on as it is
+        self.join(module.__dict__[FUNCTION_CLASSES[module.__name__]], "apply", self._function_in_region())
         if module.__name__ == CHECKPOINT_MODULE:
-            self.wrap(module, GENERATOR, self._phases_in_context(module))
+            self.join(module, GENERATOR, self._phases_in_context(module))
 
     def _route_after(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
         """wrapt wrapper of ``PreTrainedModel._set_gradient_checkpointing``: read the model's classes once."""

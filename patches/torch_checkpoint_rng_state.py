@@ -126,8 +126,8 @@ class TorchCheckpointRngState(Patch):
         return function_class_drift(module) or generator_drift(module)
 
     def _apply(self, module: Any) -> None:
-        self.wrap(module.__dict__[FUNCTION_CLASS], "apply", self._reentrant())
-        self.wrap(module, GENERATOR, self._non_reentrant(module))
+        self.join(module.__dict__[FUNCTION_CLASS], "apply", self._reentrant())
+        self.join(module, GENERATOR, self._non_reentrant(module))
 
 
 patch = TorchCheckpointRngState()

@@ -161,9 +161,9 @@ class TorchDdpFindUnused(Patch):
         if self._wrapper is None:
             self._wrapper = apply_with_visible_parameters(self)
         if module.__name__ == UNSLOTH_MODULE:
-            self.wrap(getattr(module, UNSLOTH_CLASS), "apply", self._wrapper)
+            self.join(getattr(module, UNSLOTH_CLASS), "apply", self._wrapper)
         else:
-            self.wrap(torch_function_class(module), "apply", self._wrapper)
+            self.join(torch_function_class(module), "apply", self._wrapper)
 
 
 patch = TorchDdpFindUnused()

@@ -68,10 +68,9 @@ class UnslothZooClosureTensors(Patch):
         return checkpoint_function_drift(module)
 
     def _apply(self, module: Any) -> None:
-        # Patch.wrap takes the inherited classmethod object itself (wrapt's
-        # resolve_path), so the wrapper binds to whichever class calls apply;
-        # set on the class, it shadows Function.apply until revert deletes it.
-        self.wrap(getattr(module, CLASS_NAME), "apply", _apply_with_lifted_inputs)
+        # Patch.join takes the inherited classmethod object itself (wrapt's resolve_path), so the junction binds to
+        # whichever class calls apply; set on the class, it shadows Function.apply until revert deletes it.
+        self.join(getattr(module, CLASS_NAME), "apply", _apply_with_lifted_inputs)
 
 
 patch = UnslothZooClosureTensors()

@@ -40,6 +40,7 @@ def _design_rows(heading: str):
 
 def test_the_design_page_lists_the_slot_order_and_the_reliances_of_the_data():
     assert [row[0] for row in _design_rows("### Slot order")] == list(relations.SLOT_ORDER)
+    assert [row[0] for row in _design_rows("### Join order")] == list(relations.JOIN_ORDER)
     assert [tuple(row[:2]) for row in _design_rows("### Reliances")] == [(r.fix, r.on) for r in relations.RELIANCES]
 
 
@@ -48,7 +49,8 @@ def test_every_fix_the_tables_name_is_a_built_in_fix():
 
     with open(REPO / "pyproject.toml", "rb") as handle:
         fixes = set(tomllib.load(handle)["project"]["entry-points"]["hotfix.patches"])
-    named = set(relations.SLOT_ORDER) | {r.fix for r in relations.RELIANCES} | {r.on for r in relations.RELIANCES}
+    named = (set(relations.SLOT_ORDER) | set(relations.JOIN_ORDER) | {r.fix for r in relations.RELIANCES}
+             | {r.on for r in relations.RELIANCES})
     assert named <= fixes, named - fixes
     assert [relations.slot_rank(name) for name in relations.SLOT_ORDER] == sorted(
         (relations.slot_rank(name) for name in relations.SLOT_ORDER), reverse=True)

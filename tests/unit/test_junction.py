@@ -1,0 +1,80 @@
+"""hotfix.junction: fixes that wrap one attribute share one wrapper, their hooks in relations.JOIN_ORDER (issue 52
+part 1: three stacked FunctionWrappers on torch's CheckpointFunction.apply bound a classmethod three times a call)."""
+
+from __future__ import annotations
+
+import types
+
+from hotfix import relations
+from hotfix.junction import Junction, hooks_on
+from hotfix.patch import Patch
+
+
+class Function:
+    @classmethod
+    def apply(cls, function, flag, *inputs):
+        return cls.__name__, function(*inputs)
+
+
+class Subclass(Function):  # inherits apply, as UnslothCheckpointFunction does torch's Function.apply
+    pass
+
+
+def _fix(name):
+    class Fix(Patch):
+        targets = ("unit_junction_target",)
+
+    fix = Fix()
+    fix.name = name
+    return fix
+
+
+def _tagging(label, seen):
+    def hook(wrapped, instance, args, kwargs):
+        seen.append((label, instance))
+        function = args[0]
+        return wrapped(lambda *inputs: (label, function(*inputs)), *args[1:], **kwargs)
+
+    return hook
+
+
+def test_hooks_run_in_join_order_whatever_order_the_fixes_joined_in_and_a_revert_gives_back_what_it_found():
+    inner, outer = relations.JOIN_ORDER[-1], relations.JOIN_ORDER[0]
+    third_party, late = _fix("zz-third-party"), _fix(inner)
+    first = _fix(outer)
+    seen = []
+    original = Subclass.__dict__.get("apply")
+    assert original is None  # inherited
+    late.join(Subclass, "apply", _tagging("inner", seen))
+    after_inner = Subclass.__dict__["apply"]
+    third_party.join(Subclass, "apply", _tagging("third", seen))
+    after_third = Subclass.__dict__["apply"]
+    first.join(Subclass, "apply", _tagging("outer", seen))
+    first.join(Subclass, "apply", _tagging("outer", seen))  # joined already: nothing stacks
+    try:
+        junction = Subclass.__dict__["apply"]
+        assert isinstance(junction, Junction) and hooks_on(junction) == (outer, inner, "zz-third-party")
+        # one binding: every hook sees the class the call came through; the outermost changes the call first
+        assert Subclass.apply(lambda x: x + 1, True, 1) == ("Subclass", ("third", ("inner", ("outer", 2))))
+        assert [label for label, _ in seen] == ["outer", "inner", "third"] and {c for _, c in seen} == {Subclass}
+        assert Function.apply(lambda x: x, True, 0) == ("Function", 0)  # the base class is untouched
+    finally:
+        assert first.revert() and Subclass.__dict__["apply"] is after_third
+        assert third_party.revert() and Subclass.__dict__["apply"] is after_inner
+        assert late.revert() and "apply" not in Subclass.__dict__
+
+
+def test_a_module_function_joins_alike():
+    module = types.ModuleType("unit_junction_module")
+
+    def generator(function, flag):
+        return function(flag)
+
+    module.generator = generator
+    rng, moe = _fix("torch-checkpoint-rng-state"), _fix("moe-routing-replay")
+    seen = []
+    moe.join(module, "generator", _tagging("moe", seen))
+    rng.join(module, "generator", _tagging("rng", seen))
+    assert module.generator(lambda flag: flag, 7) == ("moe", ("rng", 7))
+    assert [label for label, _ in seen] == ["rng", "moe"] and seen[0][1] is None
+    assert rng.revert() and moe.revert() and module.generator is generator
