@@ -19,6 +19,7 @@ imports nothing (activation never imports torch).
     forks         LlamaFactory's / axolotl's copies of unsloth's checkpointer, called with every input connected
     region        which checkpointed call code runs in, its forward or a recomputation (entered by every call site)
     routing       an MoE's topk recorded in a region's forward, replayed in its recomputation
+    explain       what runs for one checkpointed call of a layer, outermost first (for a developer)
     offload/      the activation offloader (host memory, streams) and its devices
 """
 

@@ -110,11 +110,12 @@ class CheckpointFunctionSlot(property):
     def __init__(self, owner: type, wrapper: Callable, is_compiling: Callable[[], bool], rank: int,
                  displaced: Optional["CheckpointFunctionSlot"] = None,
                  serves: Callable[[Any], bool] = lambda raw: True,
-                 settled: Callable[[Any], bool] = lambda raw: True) -> None:
+                 settled: Callable[[Any], bool] = lambda raw: True, fix: str = "") -> None:
         slot = self
         super().__init__(lambda instance: read_under_compile(slot, instance))
         keep_dynamo_out_of_hotfix()  # torch is imported: the modules this slot serves are torch modules
         self.owner = owner
+        self.fix = fix  # the name of the fix whose slot this is (what a developer reads: hotfix.checkpointing.explain)
         self.wrapper = wrapper  # a wrapt wrapper function (wrapped, instance, args, kwargs)
         self.rank = rank
         # Does its fix act on calls through this stored function?  (Not where it relies on a fix that is not
@@ -272,4 +273,4 @@ class SlotCoverage:
         from torch.compiler import is_compiling
 
         return CheckpointFunctionSlot(cls, self.wrapper, is_compiling, rank=self.rank, displaced=displaced,
-                                      serves=self.serves, settled=self.settled)
+                                      serves=self.serves, settled=self.settled, fix=self.patch.name)
