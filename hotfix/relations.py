@@ -80,10 +80,10 @@ RELIANCES: Tuple[Reliance, ...] = (
 
 
 def slot_rank(name: str) -> int:
-    """The rank of a fix's checkpoint-function slot: outermost highest (``SLOT_ORDER``)."""
-    if name not in SLOT_ORDER:
-        raise LookupError(f"{name!r} is not in hotfix.relations.SLOT_ORDER")
-    return len(SLOT_ORDER) - SLOT_ORDER.index(name)
+    """The rank of a fix's checkpoint-function slot: outermost highest (``SLOT_ORDER``).  A fix it does not name (a
+    third-party fix on the checkpoint function) ranks 0: innermost, nearest the function as transformers stored it
+    (two such fixes: by name, ``slot.slots_on``)."""
+    return len(SLOT_ORDER) - SLOT_ORDER.index(name) if name in SLOT_ORDER else 0
 
 
 def join_rank(name: str) -> Tuple[int, str]:

@@ -7,9 +7,10 @@ workers would carry it).  A data descriptor on the module's class wins over the 
 ``__dict__``, so the model keeps exactly what transformers stored and every read, on the
 original or a copy, returns it wrapped.  Slots of several fixes on one class's MRO compose
 in a fixed order (by ``rank``, outermost highest), whichever classes hold them; each fix
-installs and reverts only its own.  The composition is made once per (module class, stored function) and
-kept while the slots standing on the class's MRO are the same objects (a tuple of the classes' entries,
-compared at each read) and each fix whose answer for that function may change (``settled``) answers as before.  Under ``torch.compile`` the raw function is handed out:
+installs and reverts only its own.  The composition is made once per (module class, stored
+function) and kept while the slots standing on the class's MRO are the same objects (a tuple of
+the classes' entries, compared at each read) and each fix whose answer for that function may
+change (``settled``) answers as before.  Under ``torch.compile`` the raw function is handed out:
 dynamo traces the checkpoint itself, where the reentrant bugs do not exist.  Dynamo inlines the
 slot's ``__get__``; there the function comes from the slot (the one function every module it
 answers for holds, recorded as they store it), not from ``instance.__dict__``: torch 2.11's dynamo
@@ -49,6 +50,14 @@ def _told_by_identity(pretrained: type, method: str) -> bool:
             and hasattr(pretrained, "activation_checkpointing_enable"))
 
 
+def always(raw: Any) -> bool:
+    return True
+
+
+def never(raw: Any) -> bool:
+    return False
+
+
 def slots_on(cls: type) -> Tuple["CheckpointFunctionSlot", ...]:
     """Every slot along ``cls``'s MRO (with the slots each displaced on its class), innermost (lowest rank) first."""
     found, wrappers = [], set()
@@ -59,7 +68,7 @@ def slots_on(cls: type) -> Tuple["CheckpointFunctionSlot", ...]:
                 wrappers.add(id(slot.wrapper))
                 found.append(slot)
             slot = slot.displaced
-    return tuple(sorted(found, key=lambda s: s.rank))
+    return tuple(sorted(found, key=lambda s: (s.rank, s.fix)))
 
 
 def _standing(cls: type) -> tuple:
@@ -109,8 +118,8 @@ class CheckpointFunctionSlot(property):
 
     def __init__(self, owner: type, wrapper: Callable, is_compiling: Callable[[], bool], rank: int,
                  displaced: Optional["CheckpointFunctionSlot"] = None,
-                 serves: Callable[[Any], bool] = lambda raw: True,
-                 settled: Callable[[Any], bool] = lambda raw: True, fix: str = "") -> None:
+                 serves: Callable[[Any], bool] = always, settled: Optional[Callable[[Any], bool]] = None,
+                 fix: str = "") -> None:
         slot = self
         super().__init__(lambda instance: read_under_compile(slot, instance))
         keep_dynamo_out_of_hotfix()  # torch is imported: the modules this slot serves are torch modules
@@ -122,7 +131,7 @@ class CheckpointFunctionSlot(property):
         # applied there: ``CheckpointFunctionFix.serves``.)  Asked when the composition is made, and again at each
         # read where ``settled(raw)`` is False (its answer for that function may change with what is applied).
         self.serves = serves
-        self.settled = settled
+        self.settled = settled or (always if serves is always else never)  # an answer of unknown kind: asked each read
         # Another fix's slot that stood on ``owner`` first: it keeps working through this one, and comes
         # back when this fix reverts (fixes revert in the reverse order of application).
         self.displaced = displaced
@@ -217,8 +226,7 @@ class SlotCoverage:
     """
 
     def __init__(self, patch: Any, wrapper: Callable, rank: int,
-                 serves: Callable[[Any], bool] = lambda raw: True,
-                 settled: Callable[[Any], bool] = lambda raw: True) -> None:
+                 serves: Callable[[Any], bool] = always, settled: Optional[Callable[[Any], bool]] = None) -> None:
         self.patch, self.wrapper, self.rank, self.serves, self.settled = patch, wrapper, rank, serves, settled
 
     def hook(self, modeling_utils: Any) -> None:

@@ -124,6 +124,39 @@ def test_the_slot_chain_leaves_out_the_fixes_that_step_aside():
     assert getattr(layer, ATTRIBUTE)() == "served" and seen == ["outer", "inner"]
 
 
+def test_a_third_party_fix_on_the_checkpoint_function_takes_the_innermost_place():
+    """Issue 52 part 1: relations.slot_rank raised for a name SLOT_ORDER does not hold, so a plugin subclassing
+    CheckpointFunctionFix failed at apply; now it ranks innermost, its slot nearest the function as stored."""
+    from hotfix.checkpointing.slot import ATTRIBUTE, SlotCoverage, slots_on
+    from hotfix.checkpointing.slot_fix import CheckpointFunctionFix
+
+    def tag(label):
+        return lambda wrapped, instance, args, kwargs: (label, wrapped(*args, **kwargs))
+
+    class ThirdParty(CheckpointFunctionFix):
+        name = "acme-checkpoint-fix"
+
+        def build_wrapper(self):
+            return tag("acme")
+
+    class Layer(torch.nn.Module):
+        pass
+
+    plugin, built_in = ThirdParty(), transformers_frozen_inputs.TransformersFrozenInputs()
+    model = Layer()
+    model.__dict__[ATTRIBUTE] = lambda: "stored"
+    assert relations.slot_rank(plugin.name) == 0 < relations.slot_rank(built_in.name)
+    try:
+        plugin.coverage.cover(model)
+        SlotCoverage(built_in, tag("frozen"), relations.slot_rank(built_in.name)).cover(model)
+        assert [slot.fix for slot in slots_on(Layer)] == [plugin.name, built_in.name]  # innermost first
+        assert getattr(model, ATTRIBUTE)() == ("frozen", ("acme", "stored"))
+    finally:
+        built_in.revert()
+        plugin.revert()
+    assert ATTRIBUTE not in Layer.__dict__
+
+
 # --------------------------------------------------------------------------- -> unsloth-zoo-offload-backward
 RELYING_ON_THE_BACKWARD = (*SLOT_FIXES, unsloth_zoo_closure_tensors.UnslothZooClosureTensors,
                            torch_ddp_find_unused.TorchDdpFindUnused)
