@@ -2,7 +2,8 @@
 
 Three fixes wrap torch's ``CheckpointFunction.apply``, two its non-reentrant generator, three unsloth-zoo's
 ``UnslothCheckpointFunction.apply``.  Stacked as one wrapt ``FunctionWrapper`` each, every call bound every
-layer again (a classmethod: ~2 µs per layer per call) and the order was the order the fixes happened to apply in.
+layer again (three on a classmethod: 7.07 µs a call against 1.26 µs for one junction running the same three hooks,
+docs/performance.md) and the order was the order the fixes happened to apply in.
 A :class:`Junction` is one ``FunctionWrapper`` around the original: bound once per call, it runs the joined
 hooks (wrapt wrappers, ``(wrapped, instance, args, kwargs)``) outermost first, each handing the next its call.
 The order is data (``hotfix.relations.JOIN_ORDER``; a fix it does not name goes innermost, by name).
