@@ -9,13 +9,16 @@ hooks (wrapt wrappers, ``(wrapped, instance, args, kwargs)``) outermost first, e
 The order is data (``hotfix.relations.JOIN_ORDER``; a fix it does not name goes innermost, by name).
 
 Each fix joins through its own ledger (``Patch.join``): the junction standing there is replaced by one that
-also holds the new hook, so a fix's revert puts back exactly the junction (or original) it found, ``is``-identical,
-newest first as fixes revert.  Joining twice (a re-applied fix) changes nothing.
+also holds the new hook.  A fix's revert takes out its own hook only (:func:`leave`), in whatever order the fixes
+revert: the junction that stood before it joined where that one holds exactly the hooks left (so newest first
+gives back each junction ``is``-identical), and once no hook is left, what stood there before the first joined
+(the original, or nothing: an inherited attribute).  Stacked wrappers could not: reverting one fix put back what
+it had found and dropped every wrapper put on after it.  Joining twice (a re-applied fix) changes nothing.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Tuple
+from typing import Any, Callable, Optional, Tuple
 
 import wrapt
 
@@ -29,15 +32,21 @@ def _chained(outer: Hook, inner: Hook) -> Hook:
     return chained
 
 
-class Junction(wrapt.FunctionWrapper):
-    """``original`` wrapped once; calls run ``hooks`` (``((fix name, hook), ...)``, outermost first)."""
+_ABSENT = object()  # the owner did not define the attribute itself (an inherited classmethod)
 
-    def __init__(self, original: Any, hooks: Tuple[Tuple[str, Hook], ...]) -> None:
+
+class Junction(wrapt.FunctionWrapper):
+    """``original`` wrapped once; calls run ``hooks`` (``((fix name, hook), ...)``, outermost first).  ``before``:
+    what the owner's own ``__dict__`` held before the first junction; ``previous``: the junction this one replaced."""
+
+    def __init__(self, original: Any, hooks: Tuple[Tuple[str, Hook], ...], before: Any = _ABSENT,
+                 previous: Optional["Junction"] = None) -> None:
         chain = hooks[-1][1]
         for _, hook in reversed(hooks[:-1]):
             chain = _chained(hook, chain)
         super().__init__(original, chain)
-        self._self_hooks = hooks  # wrapt keeps ``_self_`` attributes on the proxy, not on what it wraps
+        # wrapt keeps ``_self_`` attributes on the proxy, not on what it wraps
+        self._self_hooks, self._self_before, self._self_previous = hooks, before, previous
 
     @property
     def hooks(self) -> Tuple[Tuple[str, Hook], ...]:
@@ -51,15 +60,37 @@ class Junction(wrapt.FunctionWrapper):
 def joined(owner: Any, attribute: str, name: str, hook: Hook, rank: Callable[[str], Tuple[int, str]]) -> Any:
     """The object to put on ``owner.attribute`` so that ``hook`` (of fix ``name``) runs there at ``rank(name)``
     (sorted ascending: outermost first), or what stands there already where it holds this fix's hook."""
-    present = owner.__dict__.get(attribute) if hasattr(owner, "__dict__") else None
+    present = owner.__dict__.get(attribute, _ABSENT) if hasattr(owner, "__dict__") else _ABSENT
     if isinstance(present, Junction):
         if any(joined_name == name for joined_name, _ in present.hooks):
             return present
-        original, hooks = present.original, present.hooks
+        original, hooks, before = present.original, present.hooks, present._self_before
     else:
         _, _, original = wrapt.resolve_path(owner, attribute)  # a classmethod as the descriptor it is
-        hooks = ()
-    return Junction(original, tuple(sorted(hooks + ((name, hook),), key=lambda item: rank(item[0]))))
+        hooks, before = (), present
+    hooks = tuple(sorted(hooks + ((name, hook),), key=lambda item: rank(item[0])))
+    return Junction(original, hooks, before, present if isinstance(present, Junction) else None)
+
+
+def leave(owner: Any, attribute: str, name: str) -> None:
+    """Take fix ``name``'s hook out of the junction on ``owner.attribute`` (module docstring); nothing where it is
+    not there (another change replaced the junction meanwhile)."""
+    present = owner.__dict__.get(attribute)
+    if not isinstance(present, Junction) or name not in hooks_on(present):
+        return
+    left = tuple(item for item in present.hooks if item[0] != name)
+    if not left:
+        before = present._self_before
+        if before is _ABSENT:
+            delattr(owner, attribute)
+        else:
+            setattr(owner, attribute, before)
+        return
+    previous = present._self_previous
+    while previous is not None and previous.hooks != left:
+        previous = previous._self_previous
+    setattr(owner, attribute, previous if previous is not None else Junction(
+        present.original, left, present._self_before, present._self_previous))
 
 
 def hooks_on(value: Any) -> Tuple[str, ...]:

@@ -9,11 +9,19 @@ objects) never wraps a wrapper.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import wrapt
 
 _ABSENT = object()  # marks an attribute the owner did not define itself
+
+
+class Undo:
+    """In the record's place of an original: how to take back a change that others may have built on (a fix's hook
+    in a junction: ``hotfix.junction.leave``), run instead of putting an object back."""
+
+    def __init__(self, run: Callable[[], None]) -> None:
+        self.run = run
 
 
 class Ledger:
@@ -27,14 +35,15 @@ class Ledger:
     def __len__(self) -> int:
         return len(self._undo)
 
-    def replace(self, owner: Any, attribute: str, new: Any) -> Any:
-        """Set ``owner.attribute = new``, remembering what to restore; ``new`` already there from this fix: left."""
+    def replace(self, owner: Any, attribute: str, new: Any, undo: Optional[Undo] = None) -> Any:
+        """Set ``owner.attribute = new``, remembering what to restore (or, given ``undo``, how to take it back);
+        ``new`` already there from this fix: left."""
         original = owner.__dict__.get(attribute, _ABSENT) if hasattr(owner, "__dict__") else _ABSENT
         key = (id(owner), attribute)
         if original is not _ABSENT and self._installed.get(key, _ABSENT) is original:
             return original
         setattr(owner, attribute, new)
-        self._undo.append((owner, attribute, original))
+        self._undo.append((owner, attribute, undo if undo is not None else original))
         self._installed[key] = new
         return new
 
@@ -69,7 +78,9 @@ class Ledger:
                 self._installed[key] = original  # an earlier replace of the same attribute put it there
             else:
                 self._installed.pop(key, None)
-            if original is _ABSENT:
+            if isinstance(original, Undo):
+                original.run()
+            elif original is _ABSENT:
                 try:
                     delattr(owner, attribute)
                 except AttributeError:

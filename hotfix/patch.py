@@ -20,7 +20,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 from hotfix import gate, junction, relations
 from hotfix.declarations import Lost, Mechanism, Verdict, declaration_problems
 from hotfix.gate import check_range
-from hotfix.ledger import Ledger
+from hotfix.ledger import Ledger, Undo
 from hotfix.notice import repair_notice
 from hotfix.versions import reader
 
@@ -96,7 +96,10 @@ class Patch:
         this fix's place in ``relations.JOIN_ORDER`` (``hotfix.junction``); revert takes it back as ``wrap``'s."""
         present = owner.__dict__.get(attribute) if hasattr(owner, "__dict__") else None
         new = junction.joined(owner, attribute, self.name, hook, relations.join_rank)
-        return new if new is present else self.ledger.replace(owner, attribute, new)
+        if new is present:
+            return new
+        # its revert takes out this fix's hook only, whatever joined after it (junction.leave)
+        return self.ledger.replace(owner, attribute, new, Undo(lambda: junction.leave(owner, attribute, self.name)))
 
     def installed(self, value: Any) -> bool:
         """Is ``value`` an object this fix put in place (and has not taken back)?"""

@@ -78,3 +78,21 @@ def test_a_module_function_joins_alike():
     assert module.generator(lambda flag: flag, 7) == ("moe", ("rng", 7))
     assert [label for label, _ in seen] == ["rng", "moe"] and seen[0][1] is None
     assert rng.revert() and moe.revert() and module.generator is generator
+
+
+def test_a_fix_reverted_out_of_order_takes_only_its_own_hook_out():
+    """Stacked wrappers could not: reverting a fix put back what it had found and dropped every wrapper put on after
+    it (a test reverting torch-checkpoint-rng-state left torch-ddp-find-unused applied but gone from the call)."""
+    names = relations.JOIN_ORDER[:3]
+    fixes = [_fix(name) for name in names]
+    seen = []
+    for fix in fixes:  # joined in JOIN_ORDER: each later one outermost-last
+        fix.join(Subclass, "apply", _tagging(fix.name, seen))
+    assert hooks_on(Subclass.__dict__["apply"]) == names
+    assert fixes[1].revert()  # the middle one first
+    assert hooks_on(Subclass.__dict__["apply"]) == (names[0], names[2])
+    seen.clear()
+    assert Subclass.apply(lambda x: x, True, 1) == ("Subclass", (names[2], (names[0], 1)))
+    assert [label for label, _ in seen] == [names[0], names[2]]
+    assert fixes[0].revert() and hooks_on(Subclass.__dict__["apply"]) == (names[2],)
+    assert fixes[2].revert() and "apply" not in Subclass.__dict__  # inherited again, as before any fix

@@ -85,16 +85,22 @@ def render(phases: List[dict], children: List[dict], wall: float = 0.0, machine:
     lines += _table(["tier", "tests", "worker time", "share"],
                     [(tier, len(tests_in_tier[tier]), _minutes(seconds), "%.0f %%" % (100 * seconds / total))
                      for tier, seconds in sorted(by_tier.items(), key=lambda item: -item[1])])
+    lines += ["", "All tests: %s of worker time%s." % (_minutes(total), (", about %s of wall time with two workers, "
+                                                                          "the rest of the run: installs, the wheel, pytest starting" % _minutes(total / 2)) if wall else "")]
     lines += ["", "## The %d slowest test files" % top, "",
               "Children: wall time of the child interpreters the file started through `run_python` (census and sweep "
-              "tools start their own, counted in the file's time only); upstream: those with HOTFIX_DISABLE=1.", ""]
+              "tools start their own, counted in the file's time only; a file may run children side by side, so their "
+              "sum can pass the file's own time); upstream: those with HOTFIX_DISABLE=1.", ""]
     lines += _table(["file", "worker time", "children", "of them upstream"],
                     [(name, _minutes(seconds), _minutes(child_by_file[name]), _minutes(upstream_by_file[name]))
                      for name, seconds in sorted(by_file.items(), key=lambda item: -item[1])[:top]])
     lines += ["", "## Children by environment", ""]
-    lines += _table(["interpreter", "releases first on PYTHONPATH", "hotfix", "children", "wall time"],
-                    [(python, releases, side, len(times), _minutes(sum(times)))
-                     for (python, releases, side), times in sorted(by_kind.items(), key=lambda item: -sum(item[1]))])
+    kinds = sorted(by_kind.items(), key=lambda item: -sum(item[1]))
+    rows = [(python, releases, side, len(times), _minutes(sum(times))) for (python, releases, side), times in kinds[:top]]
+    rest = [time for _, times in kinds[top:] for time in times]
+    if rest:
+        rows.append(("%d other environments" % (len(kinds) - top), "", "", len(rest), _minutes(sum(rest))))
+    lines += _table(["interpreter", "releases first on PYTHONPATH", "hotfix", "children", "wall time"], rows)
     upstream = sum(sum(times) for (_, _, side), times in by_kind.items() if side == "upstream")
     every = sum(sum(times) for times in by_kind.values())
     lines += ["", "Children in all: %d, %s; with hotfix off (upstream halves): %s (%.0f %%)."
