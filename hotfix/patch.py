@@ -60,6 +60,7 @@ class Patch:
         self._declaration_error: Any = _UNREAD
         self._relied: Optional[Dict[str, Tuple[Any, ...]]] = None
         self.last_error: Optional[str] = None
+        self._built: Any = _UNREAD  # build_wrapper()'s result, once it is asked for
         self.declaration_error()  # read once, when the fix is loaded (its module makes this object)
 
     # -- what a concrete patch writes ------------------------------------
@@ -69,6 +70,19 @@ class Patch:
     def _revert(self) -> None:
         """Undo every recorded replacement, newest first."""
         self.ledger.undo()
+
+    def build_wrapper(self) -> Any:
+        """What this fix puts around its targets' attributes: a wrapt wrapper ``(wrapped, instance, args, kwargs)``,
+        or a tuple of them.  Built once, at the first read of :attr:`wrapper` (in ``_apply``: the fix's target has
+        imported what the wrapper binds, torch; loading the fix imports none), kept across revert and re-apply."""
+        raise NotImplementedError(f"{type(self).__name__} builds no wrapper")
+
+    @property
+    def wrapper(self) -> Any:
+        """This fix's wrapper (:meth:`build_wrapper`), built at the first read."""
+        if self._built is _UNREAD:
+            self._built = self.build_wrapper()
+        return self._built
 
     def drift(self, module: Any) -> Optional[str]:
         """Why ``module`` no longer looks like what this patch was written for.

@@ -98,10 +98,6 @@ class DeepspeedZero3FrozenRecompute(Patch):
                "metadata than during the forward pass - DeepSpeed ZeRO-3 + LoRA + use_reentrant=False")
     upstream = "deepspeedai/DeepSpeed#4332, fixed by #8148 (0.19.3); huggingface/transformers#47254, huggingface/trl#2514"
 
-    def __init__(self) -> None:
-        super().__init__()
-        self._wrappers: Optional[Tuple[Callable, Callable]] = None
-
     def drift(self, module: Any) -> Optional[str]:
         hook = module.__dict__.get(RECOMPUTATION_HOOK)
         if not isinstance(hook, type):
@@ -112,11 +108,13 @@ class DeepspeedZero3FrozenRecompute(Patch):
         return None
 
     def _apply(self, module: Any) -> None:
-        if self._wrappers is None:
-            self._wrappers = alias_frozen_parameters(self)
         hook = module.__dict__[RECOMPUTATION_HOOK]
-        self.wrap(hook, "__init__", self._wrappers[0])
-        self.wrap(hook, "__exit__", self._wrappers[1])
+        around_init, around_exit = self.wrapper
+        self.wrap(hook, "__init__", around_init)
+        self.wrap(hook, "__exit__", around_exit)
+
+    def build_wrapper(self) -> Tuple[Callable, Callable]:
+        return alias_frozen_parameters(self)
 
 
 patch = DeepspeedZero3FrozenRecompute()

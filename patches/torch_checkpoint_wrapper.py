@@ -78,10 +78,6 @@ class TorchCheckpointWrapper(Patch):
                 "hiyouga/LlamaFactory#9064")
     fixed_in = None  # transformers 5.23.0 and torch 2.13.0 still have it
 
-    def __init__(self) -> None:
-        super().__init__()
-        self._wrapper: Optional[Callable] = None
-
     def drift(self, module: Any) -> Optional[str]:
         wrapper = getattr(module, CLASS_NAME, None)
         if not isinstance(wrapper, type) or "forward" not in wrapper.__dict__:
@@ -92,9 +88,10 @@ class TorchCheckpointWrapper(Patch):
         return None
 
     def _apply(self, module: Any) -> None:
-        if self._wrapper is None:
-            self._wrapper = forward_through_transformers(self)
-        self.wrap(getattr(module, CLASS_NAME), "forward", self._wrapper)
+        self.wrap(getattr(module, CLASS_NAME), "forward", self.wrapper)
+
+    def build_wrapper(self) -> Callable:
+        return forward_through_transformers(self)
 
 
 patch = TorchCheckpointWrapper()

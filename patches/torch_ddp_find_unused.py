@@ -135,10 +135,6 @@ class TorchDdpFindUnused(Patch):
     upstream = "pytorch/pytorch DDP reducer with reentrant torch.utils.checkpoint (pytorch/pytorch#43259)"
     fixed_in = None  # torch 2.13.0 still fails; upstream's answer is non-reentrant checkpointing
 
-    def __init__(self) -> None:
-        super().__init__()
-        self._wrapper: Optional[Callable] = None
-
     def drift(self, module: Any) -> Optional[str]:
         if module.__name__ == UNSLOTH_MODULE:
             return checkpoint_function_drift(module)
@@ -158,12 +154,13 @@ class TorchDdpFindUnused(Patch):
         return None
 
     def _apply(self, module: Any) -> None:
-        if self._wrapper is None:
-            self._wrapper = apply_with_visible_parameters(self)
         if module.__name__ == UNSLOTH_MODULE:
-            self.join(getattr(module, UNSLOTH_CLASS), "apply", self._wrapper)
+            self.join(getattr(module, UNSLOTH_CLASS), "apply", self.wrapper)
         else:
-            self.join(torch_function_class(module), "apply", self._wrapper)
+            self.join(torch_function_class(module), "apply", self.wrapper)
+
+    def build_wrapper(self) -> Callable:
+        return apply_with_visible_parameters(self)  # one object on both apply's
 
 
 patch = TorchDdpFindUnused()

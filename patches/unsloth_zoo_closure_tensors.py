@@ -16,33 +16,37 @@ docs/fixes/unsloth-zoo-closure-tensors.md.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from hotfix import Mechanism, Patch
 from hotfix.checkpointing import BACKWARD_TWICE
 from hotfix.checkpointing.unsloth import CLASS_NAME, FirstInputRule, checkpoint_function_drift
 
 
-def _apply_with_lifted_inputs(wrapped, instance, args, kwargs):
-    """wrapt wrapper around ``UnslothCheckpointFunction.apply``."""
-    # apply(run_function, preserve_rng_state, *inputs): anything else (keywords,
-    # too few arguments) is not a call shape we understand: pass it through.
-    if len(args) >= 2 and not kwargs:
-        # imports torch: only when called
-        from hotfix.checkpointing.inputs import anchored, first_input_needs_grad, lift_closure_tensors
+def apply_with_lifted_inputs(fix: "UnslothZooClosureTensors") -> Callable:
+    """The wrapt wrapper around ``UnslothCheckpointFunction.apply`` (built at the first apply)."""
 
-        lifted = lift_closure_tensors(args[0], args[2:])
-        if lifted is not None:
-            function, inputs = lifted
-            # a lifted leaf (a parameter) is right upstream too; a tensor with a history is re-walked there
-            if any(tensor.grad_fn is not None for tensor in inputs[len(args) - 2:]):
-                patch.repaired("tensors bound in a partial became checkpoint inputs")
-            # This release's own backward (unsloth-zoo-offload-backward opted out) returns one gradient when the
-            # first input needs none: the lifted inputs then come after a 0-byte anchor that needs grad.
-            if not first_input_needs_grad(inputs) and patch.first_input.needs_grad_first():
-                function, inputs = anchored(function, inputs, first=True)
-            return wrapped(function, args[1], *inputs)
-    return wrapped(*args, **kwargs)
+    def apply_with_lifted_inputs(wrapped, instance, args, kwargs):  # named: wrapper chains read it
+        # apply(run_function, preserve_rng_state, *inputs): anything else (keywords,
+        # too few arguments) is not a call shape we understand: pass it through.
+        if len(args) >= 2 and not kwargs:
+            # imports torch: only when called
+            from hotfix.checkpointing.inputs import anchored, first_input_needs_grad, lift_closure_tensors
+
+            lifted = lift_closure_tensors(args[0], args[2:])
+            if lifted is not None:
+                function, inputs = lifted
+                # a lifted leaf (a parameter) is right upstream too; a tensor with a history is re-walked there
+                if any(tensor.grad_fn is not None for tensor in inputs[len(args) - 2:]):
+                    fix.repaired("tensors bound in a partial became checkpoint inputs")
+                # This release's own backward (unsloth-zoo-offload-backward opted out) returns one gradient when
+                # the first input needs none: the lifted inputs then come after a 0-byte anchor that needs grad.
+                if not first_input_needs_grad(inputs) and fix.first_input.needs_grad_first():
+                    function, inputs = anchored(function, inputs, first=True)
+                return wrapped(function, args[1], *inputs)
+        return wrapped(*args, **kwargs)
+
+    return apply_with_lifted_inputs
 
 
 class UnslothZooClosureTensors(Patch):
@@ -70,7 +74,10 @@ class UnslothZooClosureTensors(Patch):
     def _apply(self, module: Any) -> None:
         # Patch.join takes the inherited classmethod object itself (wrapt's resolve_path), so the junction binds to
         # whichever class calls apply; set on the class, it shadows Function.apply until revert deletes it.
-        self.join(getattr(module, CLASS_NAME), "apply", _apply_with_lifted_inputs)
+        self.join(getattr(module, CLASS_NAME), "apply", self.wrapper)
+
+    def build_wrapper(self) -> Callable:
+        return apply_with_lifted_inputs(self)
 
 
 patch = UnslothZooClosureTensors()

@@ -1,8 +1,8 @@
 """The base of the fixes that act on the checkpoint function transformers stores on modules.
 
-Such a fix writes one thing: :meth:`CheckpointFunctionFix.build_wrapper`, the wrapt wrapper its slots
-put around the stored function (built at the fix's first apply: its target has imported torch by
-then; loading the fix imports none).  The base owns the rest, once for all of them: the slot coverage
+Such a fix writes one thing: ``build_wrapper`` (``Patch``'s, as every fix that wraps something), the wrapt
+wrapper its slots put around the stored function (built at the fix's first apply: its target has imported
+torch by then; loading the fix imports none).  The base owns the rest, once for all of them: the slot coverage
 (``hotfix.checkpointing.slot.SlotCoverage``) hooked on ``transformers.modeling_utils``, the drift check
 of transformers' setter, the slot's rank (``hotfix.relations.SLOT_ORDER``), and where the fix steps
 aside because a fix it relies on is not applied (:meth:`serves`).
@@ -11,7 +11,7 @@ aside because a fix it relies on is not applied (:meth:`serves`).
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, List, Optional
+from typing import Any, List, Optional
 
 from hotfix import relations
 from hotfix.declarations import Mechanism
@@ -45,15 +45,11 @@ class CheckpointFunctionFix(Patch):
         super().__init__()
         self._coverage: Optional[SlotCoverage] = None
 
-    def build_wrapper(self) -> Callable:
-        """The wrapt wrapper ``(wrapped, instance, args, kwargs)`` the slots put around the stored function."""
-        raise NotImplementedError
-
     @property
     def coverage(self) -> SlotCoverage:
         """This fix's slot coverage, made with its wrapper at the first apply."""
         if self._coverage is None:
-            self._coverage = SlotCoverage(self, self.build_wrapper(), relations.slot_rank(self.name), self.serves,
+            self._coverage = SlotCoverage(self, self.wrapper, relations.slot_rank(self.name), self.serves,
                                           self.settled)
         return self._coverage
 

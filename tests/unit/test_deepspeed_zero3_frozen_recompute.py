@@ -136,7 +136,7 @@ def test_only_zero3_parameters_become_aliases_and_the_list_goes_with_exit(fixed)
     torch.autograd.graph.saved_tensors_hooks.__init__(hook, received.append, lambda x: x)
     plain = nn.Parameter(torch.ones(3), requires_grad=False)
     # the pack the fix installs, around a stand-in for torch's own
-    wrapper = patch._wrappers[0]
+    wrapper = patch.wrapper[0]
     wrapper(lambda *a, **k: None, hook, (), {})
     hook.pack_hook(plain)
     zero = nn.Parameter(torch.ones(3), requires_grad=False)
@@ -144,5 +144,5 @@ def test_only_zero3_parameters_become_aliases_and_the_list_goes_with_exit(fixed)
     hook.pack_hook(zero)
     assert received[0] is plain and received[1] is not zero and received[1].data_ptr() == zero.data_ptr()
     assert [p for p, _ in hook.__dict__[ALIASED][1]] == [zero]
-    patch._wrappers[1](lambda *a, **k: None, hook, (None, None, None), {})
+    patch.wrapper[1](lambda *a, **k: None, hook, (None, None, None), {})
     assert ALIASED not in hook.__dict__
