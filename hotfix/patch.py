@@ -107,7 +107,7 @@ class Patch:
 
     def join(self, owner: Any, attribute: str, hook: Callable) -> Any:
         """Run ``hook`` (a wrapt wrapper) in the one wrapper that every fix wrapping ``owner.attribute`` shares, at
-        this fix's place in ``relations.JOIN_ORDER`` (``hotfix.junction``); revert takes it back as ``wrap``'s."""
+        this fix's place in ``relations.JOIN_ORDER`` (``hotfix.junction``); its revert takes out this hook only."""
         present = owner.__dict__.get(attribute) if hasattr(owner, "__dict__") else None
         new = junction.joined(owner, attribute, self.name, hook, relations.join_rank)
         if new is present:
