@@ -19,7 +19,8 @@ from __future__ import annotations
 from typing import Callable
 
 from hotfix import Mechanism
-from hotfix.checkpointing.deepspeed import as_deepspeed_needs, is_deepspeed_checkpoint, partitions_activations
+from hotfix.checkpointing.deepspeed import (as_deepspeed_needs, empties_inputs, is_deepspeed_checkpoint,
+                                           partitions_activations, shared_with_previous)
 from hotfix.checkpointing.slot_fix import CheckpointFunctionFix, NOT_REACHED
 
 
@@ -28,6 +29,7 @@ def checkpoint_as_deepspeed_needs(fix: CheckpointFunctionFix) -> Callable:
     import torch
 
     tensor = torch.Tensor
+    previous: list = []  # weak references to the caller's later tensors the last forward handed DeepSpeed
 
     def deepspeed_layer_call(wrapped, instance, args, kwargs):  # named: a wrapper chain reads which fix is where
         if not args or not is_deepspeed_checkpoint(wrapped):
@@ -36,6 +38,11 @@ def checkpoint_as_deepspeed_needs(fix: CheckpointFunctionFix) -> Callable:
         if shifted and partitions_activations():
             fix.repaired("a non-tensor positional input was kept out of DeepSpeed's partitioned activations, which "
                          "move the recomputation's later inputs one place on",
+                         call="a call through DeepSpeed's checkpoint function")
+        if empties_inputs() and torch.is_grad_enabled() and shared_with_previous(args[0], args[1:], previous):
+            fix.repaired("an input the layers share (the encoder's states, a mask) was kept whole: DeepSpeed's "
+                         "partition_activations / cpu_checkpointing empty each input after its layer's forward, "
+                         "and the next layer would have read it empty",
                          call="a call through DeepSpeed's checkpoint function")
         returned: list = []  # whether the layer returned a tuple of one, from its first run (the forward)
 

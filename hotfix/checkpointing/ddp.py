@@ -80,7 +80,7 @@ def with_parameters_as_inputs(function: Callable, count: int, slots: List[Tuple[
             for owner, name, parameter in slots:
                 owner._parameters[name] = parameter
 
-    return ShownCall(run_with_parameters, function)
+    return ShownCall(run_with_parameters, function, tuple(parameters))
 
 
 def _names(function: Callable, slots: List[Tuple[Any, str]]) -> List[str]:

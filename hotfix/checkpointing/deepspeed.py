@@ -1,12 +1,13 @@
 """What the fixes rely on in DeepSpeed's activation checkpointing (``deepspeed.checkpointing``).
 
 Its ``checkpoint`` / ``non_reentrant_checkpoint`` take the layer's inputs to be that layer's alone: with the
-``"activation_checkpointing"`` options ``partition_activations`` (and ``cpu_checkpointing``, which needs it) it keeps
-a partition (or a host copy) of each floating-point input and, after the layer's forward, sets the input's own
-``.data`` to an empty tensor (``get_partitioned_activations_for_backward``, 0.12.6+; flattened in place before), and
-it saves a non-tensor input as a pair its backward counts as one.  transformers hands every decoder layer the same
-encoder states and mask (positionally on 5.x; on 4.x by keyword, lifted into the inputs by ``checkpointing.inputs``):
-emptied, the next layer reads a 0-d tensor.  Read in DeepSpeed 0.11.2 - 0.19.8
+``"activation_checkpointing"`` options ``partition_activations`` or ``cpu_checkpointing`` (each alone or both) it keeps
+a partition or a host copy of each floating-point input and, after the layer's forward, sets the input's own
+``.data`` to an empty tensor (``get_partitioned_activations_for_backward``, 0.12.6+, flattened in place before;
+``get_cpu_activations_for_backward``; on an accelerator with streams ``get_offloaded_activations_for_backward``), and
+with ``partition_activations`` it saves a non-tensor input as a pair its backward counts as one.  transformers
+hands every decoder layer the same encoder states and mask (positionally on 5.x; on 4.x by keyword, lifted into the
+inputs by ``checkpointing.inputs``): emptied, the next layer reads a 0-d tensor.  Read in DeepSpeed 0.11.2 - 0.19.8
 (docs/fixes/deepspeed-checkpoint-layer-io.md).  Loading this imports no torch.
 """
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import sys
+import weakref
 from typing import Any, Callable, Sequence, Tuple
 
 #: DeepSpeed's activation checkpointing module (``deepspeed.checkpointing``) and its checkpoint functions
@@ -35,6 +37,36 @@ def partitions_activations() -> bool:
     """Are DeepSpeed's ``partition_activations`` on (its module state, set by ``deepspeed.checkpointing.configure``)?"""
     module = sys.modules.get(DEEPSPEED_CHECKPOINTING)
     return bool(getattr(module, "PARTITION_ACTIVATIONS", False))
+
+
+def empties_inputs() -> bool:
+    """Does DeepSpeed empty a layer's floating-point inputs after its forward (``partition_activations`` or
+    ``cpu_checkpointing`` on: its module state)?"""
+    module = sys.modules.get(DEEPSPEED_CHECKPOINTING)
+    return bool(getattr(module, "PARTITION_ACTIVATIONS", False) or getattr(module, "CPU_CHECKPOINT", False))
+
+
+def would_be_emptied(tensor: Any) -> bool:
+    """Would DeepSpeed empty ``tensor`` after the forward where it empties inputs (``is_activation_to_checkpoint``:
+    floating point, at least one element per model-parallel rank, not carrying the opt-out)?"""
+    module = sys.modules.get(DEEPSPEED_CHECKPOINTING)
+    return (tensor.is_floating_point() and tensor.numel() >= getattr(module, "mp_size", 1)
+            and not getattr(tensor, OPT_OUT, False))
+
+
+def shared_with_previous(function: Any, inputs: Sequence[Any], previous: list) -> bool:
+    """Was a later tensor of this call (the caller's own: not one hotfix's rewrites added, ``inputs_added``) handed to
+    DeepSpeed by the previous forward call too, as one DeepSpeed would have emptied then?  Then, without hotfix, this
+    layer would have read it empty.  ``previous`` (weak references) becomes this call's."""
+    from hotfix.checkpointing.layer_call import inputs_added  # not at load, as below
+    from torch import is_tensor
+
+    added = inputs_added(function)
+    later = [item for item in inputs if is_tensor(item)][1:]  # the first goes to DeepSpeed as it is, by design
+    candidates = [tensor for tensor in later if id(tensor) not in added and would_be_emptied(tensor)]
+    shared = any(reference() is tensor for reference in previous for tensor in candidates)
+    previous[:] = [weakref.ref(tensor) for tensor in candidates]
+    return shared
 
 
 def as_deepspeed_needs(function: Callable, inputs: Sequence[Any]) -> Tuple[Callable, Tuple[Any, ...], bool]:

@@ -69,13 +69,13 @@ def anchored(function: Callable, inputs: Sequence[Any], first: bool = False) -> 
         def run_after_anchor(_anchor, *all_inputs):
             return function(*all_inputs)
 
-        return ShownCall(run_after_anchor, function), (anchor, *inputs)
+        return ShownCall(run_after_anchor, function, (anchor,)), (anchor, *inputs)
     count = len(inputs)
 
     def run_without_anchor(*all_inputs):
         return function(*all_inputs[:count])
 
-    return ShownCall(run_without_anchor, function), (*inputs, anchor)
+    return ShownCall(run_without_anchor, function, (anchor,)), (*inputs, anchor)
 
 
 def first_input_needs_grad(inputs: Sequence[Any]) -> bool:
@@ -150,4 +150,4 @@ def lift_closure_tensors(
         call_keywords = _substitute(bound_keywords, replacement)
         return target(*call_args, **call_keywords)
 
-    return ShownCall(run_with_lifted_inputs, function), tuple(args) + tuple(lifted)
+    return ShownCall(run_with_lifted_inputs, function, tuple(lifted)), tuple(args) + tuple(lifted)

@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterator, List, Optional, Tuple
 
 from torch import nn
 
-__all__ = ["LayerCallWrapper", "ShownCall", "layer_of", "modules_called", "modules_maybe_called"]
+__all__ = ["LayerCallWrapper", "ShownCall", "inputs_added", "layer_of", "modules_called", "modules_maybe_called"]
 
 #: how many objects one lookup looks at (partials of partials, wrappers of wrappers, closures of closures)
 SEARCH_LIMIT = 32
@@ -110,16 +110,33 @@ class LayerCallWrapper:
 
 
 class ShownCall(LayerCallWrapper):
-    """``run``, a function that calls ``function`` in some other way (a call rewrite), showing its layer."""
+    """``run``, a function that calls ``function`` in some other way (a call rewrite), showing its layer.
 
-    __slots__ = ("_run", "__wrapped__")
+    ``added``: the inputs this rewrite put beside the caller's (lifted keyword tensors, an anchor, parameters), so
+    that a fix further in can tell the caller's inputs from hotfix's (:func:`inputs_added`).
+    """
 
-    def __init__(self, run: Callable, function: Any) -> None:
+    __slots__ = ("_run", "__wrapped__", "added")
+
+    def __init__(self, run: Callable, function: Any, added: Tuple[Any, ...] = ()) -> None:
         self._run = run
         self.__wrapped__ = function
+        self.added = added
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self._run(*args, **kwargs)
 
     def __repr__(self) -> str:
         return f"<hotfix {getattr(self._run, '__name__', 'call')} of {self.__wrapped__!r}>"
+
+
+def inputs_added(function: Any) -> set:
+    """The ids of the inputs hotfix's rewrites of ``function`` put beside the caller's (their ``added``), through
+    hotfix's wrappers only (``__wrapped__`` of each :class:`LayerCallWrapper`, at most :data:`SEARCH_LIMIT`)."""
+    found: set = set()
+    for _ in range(SEARCH_LIMIT):
+        if not isinstance(function, LayerCallWrapper):
+            break
+        found.update(id(item) for item in getattr(function, "added", ()))
+        function = function.__wrapped__
+    return found

@@ -10,6 +10,9 @@ checkpointing.  The 2-rank runs with DeepSpeed itself: tests/e2e/test_deepspeed.
 from __future__ import annotations
 
 import functools
+import sys
+
+import pytest
 
 import torch
 from torch import nn
@@ -118,3 +121,101 @@ def test_deepspeed_is_handed_tensors_only_and_the_callers_later_tensors_as_views
     assert shared.shape == (2, 3)
     assert as_deepspeed_needs(layer, (hidden,))[1:] == ((hidden,), False)
     assert as_deepspeed_needs(layer, (hidden, None))[2] is False  # a trailing extra None: not certain to differ
+
+
+# -- inputs every layer shares, emptied by DeepSpeed after a layer's forward (partition_activations, cpu_checkpointing)
+
+class Recorder:
+    """Stands in for the fix: the lines its wrapper would say, in order."""
+
+    name = patch.name
+
+    def __init__(self):
+        self.lines = []
+
+    def repaired(self, what, call=None):
+        self.lines.append(what)
+
+
+def emptying_checkpoint(function, *args):
+    """DeepSpeed's rule where ``partition_activations`` or ``cpu_checkpointing`` is on, for a layer's later inputs: after
+    the forward each floating-point one without the opt-out has its data emptied (DeepSpeed keeps a partition or a host
+    copy for its own backward; the first input, the layer's hidden states, stays whole here as that copy would)."""
+    output = torch_checkpoint(function, *args, use_reentrant=True)
+    for item in args[1:]:
+        if isinstance(item, torch.Tensor) and item.is_floating_point() and not getattr(item, OPT_OUT, False):
+            item.data = torch.empty([])
+    return output
+
+
+emptying_checkpoint.__module__ = DEEPSPEED_CHECKPOINTING
+emptying_checkpoint.__name__ = "checkpoint"
+
+
+class CrossLayer(nn.Module):
+    """Reads an input every layer is handed (as Whisper's decoder layers read the encoder's states on 5.x)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(6, 6)
+
+    def forward(self, x, shared):
+        return x + torch.tanh(self.lin(shared)) * x
+
+
+def cross_grads(function):
+    torch.manual_seed(0)
+    layers = nn.ModuleList([CrossLayer(), CrossLayer(), CrossLayer()])
+    shared = torch.randn(3, 4, 6, generator=torch.Generator().manual_seed(2), requires_grad=True)
+    x = torch.randn(3, 4, 6, generator=torch.Generator().manual_seed(1), requires_grad=True)
+    for layer in layers:
+        x = function(layer, x, shared) if function else layer(x, shared)
+    x.square().mean().backward()
+    return {**collect_grads(layers), "shared": shared.grad}
+
+
+def deepspeed_state(monkeypatch, **flags):
+    """DeepSpeed's checkpointing module as ``deepspeed.checkpointing.configure`` leaves it (only what hotfix reads)."""
+    import types
+
+    module = types.ModuleType(DEEPSPEED_CHECKPOINTING)
+    module.PARTITION_ACTIVATIONS, module.CPU_CHECKPOINT, module.mp_size = False, False, 1
+    for name, value in flags.items():
+        setattr(module, name, value)
+    monkeypatch.setitem(sys.modules, DEEPSPEED_CHECKPOINTING, module)
+
+
+def test_upstream_the_second_layer_reads_the_shared_input_emptied(monkeypatch):
+    deepspeed_state(monkeypatch, CPU_CHECKPOINT=True)
+    with pytest.raises(RuntimeError, match="at least 1D"):
+        cross_grads(emptying_checkpoint)
+
+
+@pytest.mark.parametrize("option", ["CPU_CHECKPOINT", "PARTITION_ACTIVATIONS"])
+def test_with_the_fix_the_shared_input_is_kept_whole_and_said_once_the_next_layer_would_have_read_it_empty(
+        monkeypatch, option):
+    deepspeed_state(monkeypatch, **{option: True})
+    fix = Recorder()
+    wrapper = checkpoint_as_deepspeed_needs(fix)
+    found = compare_grads(cross_grads(None), cross_grads(lambda *args: wrapper(emptying_checkpoint, None, args, {})))
+    assert found.ok and not found.missing and len(found.equal) == 7, found.summary()
+    assert fix.lines and all("kept whole" in line for line in fix.lines), fix.lines  # from the second layer on
+
+
+def test_no_line_where_deepspeed_empties_nothing_or_the_shared_tensor_is_one_hotfix_lifted(monkeypatch):
+    from hotfix.checkpointing.layer_call import ShownCall
+
+    deepspeed_state(monkeypatch)  # both options off: DeepSpeed keeps every input as it is
+    fix = Recorder()
+    wrapper = checkpoint_as_deepspeed_needs(fix)
+    found = compare_grads(cross_grads(None), cross_grads(lambda *args: wrapper(emptying_checkpoint, None, args, {})))
+    assert found.ok and fix.lines == []
+
+    deepspeed_state(monkeypatch, CPU_CHECKPOINT=True)
+
+    def lifted(layer, x, shared):  # as transformers-checkpoint-layer-io hands on a keyword tensor it lifted
+        call = ShownCall(lambda x, shared: layer(x, shared), layer, added=(shared,))
+        return wrapper(emptying_checkpoint, None, (call, x, shared), {})
+
+    cross_grads(lifted)  # without hotfix DeepSpeed never saw it (the partial hid it): nothing to claim
+    assert fix.lines == []

@@ -198,7 +198,8 @@ DEEPSPEED_UPSTREAM = {"zero3:whisper:reentrant": "Trying to backward through the
                       "zero3:whisper:deepspeed": "not enough values to unpack",
                       # with its partition_activations and cpu_checkpointing (the tuple of one fails first on 4.56.2)
                       "zero3:whisper:deepspeed-partitioned": "not enough values to unpack",
-                      # cpu_checkpointing alone (issue 50; DeepSpeed's offload engine on CUDA): not measurable on CPU
+                      # cpu_checkpointing alone (issue 50; DeepSpeed's offload engine on CUDA; on the CPU, its blocking
+                      # path with a stand-in host copy: docs/fixes/deepspeed-checkpoint-layer-io.md)
                       "zero3:whisper:deepspeed-cpu": "not enough values to unpack"}
 
 

@@ -10,7 +10,8 @@ deepspeed-partitioned,deepspeed-cpu}`` (``deepspeed``: DeepSpeed's own ``deepspe
 layers' checkpoint function, set as a user would with transformers' ``_set_gradient_checkpointing``; ``-partitioned``:
 with its ``activation_checkpointing`` options ``partition_activations`` and ``cpu_checkpointing`` on; ``-cpu``:
 ``cpu_checkpointing`` alone, an accelerator's path: on the CPU accelerator DeepSpeed's host copy of an input is the
-input itself, emptied with it, so every model fails there with or without hotfix), and
+input itself, emptied with it, so there the host copy is made a tensor of its own, as an accelerator's is:
+``deepspeed_env.stand_in_host_copy``), and
 ``trainer-zero{2,3}:whisper:{reentrant,nonreentrant}``: transformers' Seq2SeqTrainer with a ``deepspeed`` config
 (its losses compared where the other cases compare gradients).  Each case builds the model
 twice, the same seed, and trains each through ``deepspeed.initialize`` (fp32, a client SGD optimizer, each rank on
@@ -38,6 +39,7 @@ import torch.distributed as dist  # noqa: E402
 from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_grad  # noqa: E402
 
 import ddp_cases  # noqa: E402  (tools/lab, beside this file: the tiny models and hotfix's comparison rule)
+import deepspeed_env  # noqa: E402  (tools/lab)
 import rank_results  # noqa: E402
 
 RTOL = 1e-5
@@ -73,6 +75,8 @@ def train(recipe: str, mode: str, stage: int, rank: int, world: int):
     trainable = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
     optimizer = torch.optim.SGD([p for _, p in trainable], lr=0.1)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config(stage, world))
+    if mode == "deepspeed-cpu" and not torch.cuda.is_available():
+        deepspeed_env.stand_in_host_copy()
     if mode.startswith("deepspeed"):
         # its function reads its options from module state: set from a config's "activation_checkpointing" section
         # as a user does (``deepspeed.checkpointing.configure``), both off for ``deepspeed`` (its defaults)

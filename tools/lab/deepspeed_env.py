@@ -24,3 +24,28 @@ def cpu_env(release: Path, torch_version: str) -> Dict[str, str]:
     """The variables a process running DeepSpeed ``release`` on the CPU needs (torchrun adds the ranks' own)."""
     return {**rank_results.LOOPBACK, "DS_ACCELERATOR": "cpu",
             "TORCH_EXTENSIONS_DIR": str(extensions(release, torch_version))}
+
+
+def stand_in_host_copy() -> None:
+    """Make DeepSpeed's ``cpu_checkpointing`` host copy a tensor of its own, as an accelerator's is (call it after
+    ``import deepspeed``, on its CPU accelerator only).
+
+    There ``copy_to_device(args, torch.device("cpu"))`` returns each input itself (``item.to("cpu")``), which
+    DeepSpeed then empties after the layer's forward: every model fails, with hotfix or without.  On a GPU the host
+    copy is another tensor and only the inputs the layers share are lost (issue 50).  The call that makes the host
+    copy (its device a ``torch.device``; the accelerator's copy names its device by a string) clones."""
+    import torch
+    from deepspeed.runtime.activation_checkpointing import checkpointing
+
+    copy_to_device = checkpointing.copy_to_device
+    if getattr(copy_to_device, "stands_in", False):
+        return
+
+    def host_copy(item, device, criterion_func):
+        copied = copy_to_device(item, device, criterion_func)
+        if isinstance(device, torch.device) and isinstance(copied, (tuple, list)):
+            return type(copied)(x.clone() if criterion_func(x) else x for x in copied)
+        return copied
+
+    host_copy.stands_in = True
+    checkpointing.copy_to_device = host_copy
