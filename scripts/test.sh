@@ -70,6 +70,10 @@ side_torches() {
         [ -f "$MATRIX/torch-$torch_line.no-disk" ] && continue
         "$MATRIX/torch-$torch_line/bin/python" -I -c "import torch, wrapt, hotfix" # fail early if the install failed
     done
+    # beside torch 2.11: PyPI's torchvision for it, timm and open_clip (tools/lab/matrix_install.py BESIDE_TORCH)
+    if [ -f "$MATRIX/torch-2.11.0/.complete" ]; then
+        "$VENV/bin/python" tools/lab/matrix_install.py --beside-torch 2.11.0 2>&1 | grep -v "^WARNING: Location" || true
+    fi
 }
 side_torches > "$MATRIX/side-torches.log" 2>&1 &
 installing=$!

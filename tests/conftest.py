@@ -165,14 +165,16 @@ def run_python(
 
 def launch_ranks(folder: Path, script: Path, args: Sequence[str] = (), ranks: int = 2, *, disabled: bool = False,
                  env: Optional[Dict[str, str]] = None, pythonpath: Iterable[Path] = (),
-                 timeout: float = 300) -> Tuple[Dict[int, dict], subprocess.CompletedProcess]:
+                 timeout: float = 300, python: Optional[str] = None,
+                 ) -> Tuple[Dict[int, dict], subprocess.CompletedProcess]:
     """``ranks`` ranks of a lab rank script (``script FOLDER ARGS...``: tools/lab/rank_results.py; 2: torchrun,
     1: rank 0 of 1, 0: a plain process) writing into ``folder`` (made here), on loopback, hotfix on or
-    HOTFIX_DISABLE'd: ``({rank: its result}, the launcher's process)``.  Fails the test unless every rank wrote."""
+    HOTFIX_DISABLE'd: ``({rank: its result}, the launcher's process)``.  Fails the test unless every rank wrote.
+    ``python``: another interpreter than the test venv's (a side torch's venv)."""
     folder.mkdir(parents=True)
     argv, launch_env = rank_results.command([str(script), str(folder), *args], ranks)
     launch_env.update(env or {}, **({"HOTFIX_DISABLE": "1"} if disabled else {}))
-    proc = run_python(argv[1:], env=launch_env, pythonpath=pythonpath, timeout=timeout)
+    proc = run_python(argv[1:], env=launch_env, pythonpath=pythonpath, timeout=timeout, python=python)
     results = rank_results.read(folder)
     assert sorted(results) == list(range(max(ranks, 1))), (
         f"rc {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")

@@ -12,7 +12,9 @@ blocks; diffusers' UNet2DModel with ``enable_gradient_checkpointing(partial(chec
 ``from torch.utils.checkpoint import checkpoint`` was bound before hotfix was active, its layers checkpointing a
 bound method.  Measured 2026-11-29, torch 2.13.0+cpu, diffusers 0.39.0: upstream each case "Expected to mark a
 variable ready only once" on both ranks; with hotfix each equal to no checkpointing (blocks 8/8, UNet 144/144,
-Hub-style 25/25 parameter gradients), hotfix activated by the first DDP, transformers never loaded."""
+Hub-style 25/25 parameter gradients), hotfix activated by the first DDP, transformers never loaded.  timm's
+``checkpoint_seq`` (its ConvNeXt and ViT) in the side venv of torch 2.11.0, where PyPI has a torchvision
+(2026-11-29, timm 1.0.31, torchvision 0.26.0): upstream the same error, with hotfix 65/65 and 44/44 equal."""
 
 from __future__ import annotations
 
@@ -66,6 +68,34 @@ def test_a_unet_and_a_hub_style_model_train_equal_in_the_same_script(launches, n
             assert seen["diffusers"] == DIFFUSERS, seen
         else:  # the name the Hub file bound at load is torch's own function, in both modes
             assert upstream[rank]["hub_checkpoint_is_torchs"] is True and seen["hub_checkpoint_is_torchs"] is True
+
+
+#: timm needs torchvision, which PyPI has for none of the test venv's CPU torch: timm's cases run in the side venv of
+#: torch 2.11, with PyPI's torchvision for it and timm beside it (tools/lab/matrix_install.py BESIDE_TORCH)
+TIMM_TORCH = "2.11.0"
+
+
+@pytest.mark.side_torch
+def test_timm_checkpoint_seq_under_ddp_trains_equal_with_hotfix_installed(tmp_path):
+    """timm's ConvNeXt and ViT with ``set_grad_checkpointing()`` and timm's opt-in to reentrant checkpointing: their
+    ``checkpoint_seq`` checkpoints each block through a closure over the tuple of blocks (the layer is not the
+    function handed to torch)."""
+    python = str(matrix_path("torch", TIMM_TORCH) / "bin" / "python")
+    paths = [matrix_path("timm", f"torch{TIMM_TORCH}")]
+    cases = ["timm_convnext", "timm_vit"]
+    upstream, _ = launch_ranks(tmp_path / "up", SCRIPT, cases, disabled=True, pythonpath=paths, python=python)
+    fixed, proc = launch_ranks(tmp_path / "hf", SCRIPT, cases, pythonpath=paths, python=python)
+    for rank in (0, 1):
+        assert upstream[rank]["torch"].startswith(TIMM_TORCH) and upstream[rank]["hotfix_after"] is False
+        seen = fixed[rank]
+        assert seen["transformers_loaded"] is False and seen["hotfix_before_ddp"] is False, seen
+        assert seen["hotfix_after"] is True, seen
+        assert seen["timm"] == upstream[rank]["timm"], seen
+        for case in cases:
+            assert "ready only once" in upstream[rank]["cases"][case].get("error", ""), upstream[rank]
+            found = seen["cases"][case]
+            assert found["ok"] and found["equal"] and found["missing"] == 0, (case, found)
+    assert any("torch-ddp-find-unused" in line for line in repair_notices(proc.stderr)), proc.stderr[-2000:]
 
 
 def test_the_watch_leaves_torch_alone_until_a_ddp_is_built_and_then_goes():

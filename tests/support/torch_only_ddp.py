@@ -28,6 +28,10 @@ RESULT_DIR first (tools/lab/rank_results.py's protocol).
 - ``hub_style``: tests/support/hub_style_model.py loaded by path as trust_remote_code loads a Hub model's file: its
   ``from torch.utils.checkpoint import checkpoint`` binds torch's function at load, before hotfix is active, and its
   layers call ``checkpoint(self._block_forward, x, use_reentrant=True)`` on a bound method.
+- ``timm_convnext``, ``timm_vit`` (named by the launcher; where timm imports: torch 2.11's side venv): timm's tiny
+  ConvNeXt and ViT (``TIMM_MODELS``) with ``set_grad_checkpointing()`` and timm's opt-in to reentrant
+  checkpointing (``set_reentrant_ckpt(True)``): ``checkpoint_seq`` checkpoints each block through a closure over
+  the tuple of blocks.
 
 Every model (with and without checkpointing, the same weights) is built, and every module imported or loaded,
 before the first DDP: ``hotfix_before_ddp`` is read then, so each case's checkpoint function was bound while hotfix
@@ -48,7 +52,7 @@ import rank_results  # tools/lab
 import standalone  # tools/lab
 
 compare = standalone.load("compare")
-CASES = ["blocks", "unet", "hub_style"]
+CASES = ["blocks", "unet", "hub_style"]  # the default; timm's (TIMM_MODELS) run where timm is installed
 HUB_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hub_style_model.py")
 
 
@@ -144,21 +148,60 @@ def hub_step(model, rank, world):
     return model(input_ids, labels)
 
 
-def build_all(out):
-    """{case: (step, model without checkpointing, model with)}; a case whose code cannot be imported is left out
-    (recorded as its error)."""
-    built = {"blocks": (blocks_step, Model(False), Model(True))}
-    try:
-        unet_class, out["diffusers"] = import_unet()
-        built["unet"] = (unet_step, unet(unet_class, False), unet(unet_class, True))
-    except Exception as exc:
-        out["cases"]["unet"] = {"ok": False, "error": compare.short_error(exc)}
-    try:
-        module = load_hub_file()
-        out["hub_checkpoint_is_torchs"] = module.checkpoint is torch.utils.checkpoint.checkpoint
-        built["hub_style"] = (hub_step, hub_style(module, False), hub_style(module, True))
-    except Exception as exc:
-        out["cases"]["hub_style"] = {"ok": False, "error": compare.short_error(exc)}
+def import_timm(out):
+    """timm, with its opt-in to torch's reentrant checkpoint (``TIMM_REENTRANT_CKPT=1`` alike; its default is
+    non-reentrant)."""
+    import timm
+    from timm.layers import set_reentrant_ckpt
+
+    set_reentrant_ckpt(True)
+    out["timm"] = timm.__version__
+    return timm
+
+
+#: timm models as small as they build (random weights, no download); 32x32 images, 4 classes.  Both checkpoint their
+#: blocks with ``timm.models.checkpoint_seq`` (a segment runner: the blocks in a tuple inside its closure)
+TIMM_MODELS = {
+    "timm_convnext": ("convnext_atto", dict(depths=(1, 1, 2, 1), dims=(8, 16, 24, 32))),
+    "timm_vit": ("vit_tiny_patch16_224", dict(img_size=32, patch_size=8, embed_dim=32, depth=3, num_heads=2)),
+}
+
+
+def timm_model(timm, case, checkpointing):
+    name, sizes = TIMM_MODELS[case]
+    torch.manual_seed(0)
+    model = timm.create_model(name, pretrained=False, num_classes=4, **sizes)
+    model.set_grad_checkpointing(checkpointing)
+    return model.train()
+
+
+def timm_step(model, rank, world):
+    generator = torch.Generator().manual_seed(1)
+    images = torch.randn(2 * world, 3, 32, 32, generator=generator).chunk(world)[rank]
+    labels = torch.randint(0, 4, (2 * world,), generator=generator).chunk(world)[rank]
+    return torch.nn.functional.cross_entropy(model(images), labels)
+
+
+def build(out, cases):
+    """{case: (step, model without checkpointing, model with)} for ``cases``; a case whose code cannot be imported is
+    left out (recorded as its error)."""
+    built = {}
+    for case in cases:
+        try:
+            if case == "blocks":
+                built[case] = (blocks_step, Model(False), Model(True))
+            elif case == "unet":
+                unet_class, out["diffusers"] = import_unet()
+                built[case] = (unet_step, unet(unet_class, False), unet(unet_class, True))
+            elif case == "hub_style":
+                module = load_hub_file()
+                out["hub_checkpoint_is_torchs"] = module.checkpoint is torch.utils.checkpoint.checkpoint
+                built[case] = (hub_step, hub_style(module, False), hub_style(module, True))
+            else:
+                timm = import_timm(out)
+                built[case] = (timm_step, timm_model(timm, case, False), timm_model(timm, case, True))
+        except Exception as exc:
+            out["cases"][case] = {"ok": False, "error": compare.short_error(exc)}
     return built
 
 
@@ -172,8 +215,9 @@ def main():
     result_dir = sys.argv[1]
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
     rank, world = dist.get_rank(), dist.get_world_size()
-    out = {"rank": rank, "world": world, "cases": {}}
-    built = build_all(out)
+    out = {"rank": rank, "world": world, "torch": torch.__version__, "cases": {}}
+    cases = sys.argv[2:] or CASES  # a launcher may name some
+    built = build(out, cases)
     out["hotfix_before_ddp"] = "hotfix" in sys.modules
 
     def run(case):
@@ -181,7 +225,6 @@ def main():
         found = compare.compare_grads(grads(step, reference, rank, world), grads(step, checkpointed, rank, world))
         return {"ok": True, "equal": found.ok, "missing": len(found.missing), "summary": found.summary()}
 
-    cases = sys.argv[2:] or CASES  # a launcher may name some (each case alone: no earlier case's DDP in the process)
     rank_results.run_cases(out, [case for case in cases if case in built], run, compare.short_error, dist.barrier)
     out["hotfix_after"] = "hotfix" in sys.modules
     out["transformers_loaded"] = "transformers" in sys.modules

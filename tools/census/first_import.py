@@ -10,7 +10,7 @@ trigger names were looked up without being imported (``importlib.util.find_spec`
 left hotfix off before 2026-11-29 (its finder armed on the first look-up, and only that spec's execution
 activated).  Stand-ins (``unsloth``, ``unsloth_zoo``: the real ones need a GPU) are written by this tool.
 
-    python tools/census/first_import.py [--only NAME,...] [--page docs/census/first-import.md]
+    python tools/census/first_import.py [--only NAME,...] [--section all|main|side] [--page docs/census/first-import.md]
 
 Exit status 0 when every case has hotfix active with transformers' fixes applied; 1 otherwise.
 """
@@ -38,8 +38,11 @@ EXPECTED = "transformers-checkpoint-layer-io"
 
 class Case(NamedTuple):
     name: str
-    library: str  # "name version" of tests/matrix.txt, or "-"
+    library: str  # "name version" of tests/matrix.txt, or "-"; beside a side torch: the distribution's name
     statement: str
+    #: "-": the running venv; a torch line: that side torch's venv (.matrix/torch-<line>) with the libraries
+    #: matrix_install installs beside it (BESIDE_TORCH: torchvision exists for that torch only)
+    torch: str = "-"
 
 
 # One line a case.  A look-up in another thread / before a fork / by a finder ahead of hotfix's are written out here.
@@ -66,7 +69,14 @@ probe in a thread      | -                            | import importlib.util, t
 probe before a fork    | -                            | import importlib.util, os; importlib.util.find_spec("transformers"); pid = os.fork(); pid and os._exit(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
 finder ahead           | -                            | import importlib.machinery as m; sys.meta_path.insert(0, type("Ahead", (), {"find_spec": staticmethod(lambda n, p=None, t=None: m.PathFinder.find_spec(n, p) if n == "transformers" else None)})())
 finder moved to end    | -                            | f = next(f for f in sys.meta_path if type(f).__name__ == "ActivateOnFirstImport"); sys.meta_path.remove(f); sys.meta_path.append(f)
+timm                   | timm                         | import timm                                      | 2.11.0
+open_clip              | open_clip_torch              | import open_clip                                 | 2.11.0
 """.strip().splitlines()]
+#: the transformers release beside a side torch (tests/matrix.txt has it; the test venv's own)
+SIDE_TRANSFORMERS = "4.56.2"
+#: the cases of each page section: the test venv's, and those beside a side torch (run after it is installed)
+MAIN = [case for case in CASES if case.torch == "-"]
+SIDE = [case for case in CASES if case.torch != "-"]
 
 # Measured 2026-11-29 with the start-up hook of 4c61667 (the finder armed on the first look-up), same venv and
 # releases: the cases where hotfix was off for the whole process.  Every other case was active.
@@ -101,6 +111,8 @@ print("CENSUS " + json.dumps({"looked_up": looked_up, "imported_transformers": i
 
 
 def _library(case: Case) -> Optional[Path]:
+    if case.torch != "-":
+        return matrix_install.beside_torch_folder(case.torch)
     if case.library == "-":
         return None
     name, version = case.library.split()
@@ -108,7 +120,14 @@ def _library(case: Case) -> Optional[Path]:
 
 
 def version_of(case: Case) -> str:
+    if case.torch != "-":
+        return next(spec.partition("==")[2] for spec in matrix_install.BESIDE_TORCH[case.torch]
+                    if spec.partition("==")[0] == case.library)
     return case.library.split()[1] if case.library != "-" else "-"
+
+
+def _python(case: Case) -> Path:
+    return Path(sys.executable) if case.torch == "-" else matrix_install.MATRIX / f"torch-{case.torch}" / "bin" / "python"
 
 
 def run(case: Case, stand_ins: Path, timeout: float = 300) -> dict:
@@ -116,11 +135,12 @@ def run(case: Case, stand_ins: Path, timeout: float = 300) -> dict:
     folder = _library(case)
     if folder is not None and not (folder / ".complete").exists():
         return {"case": case.name, "error": f"{folder} is not installed (tools/lab/matrix_install.py)"}
-    paths = [str(p) for p in (folder, stand_ins) if p is not None]
+    side = [matrix_install.folder_of("transformers", SIDE_TRANSFORMERS)] if case.torch != "-" else []
+    paths = [str(p) for p in (folder, *side, stand_ins) if p is not None]
     env = {key: value for key, value in os.environ.items() if not key.startswith(("HOTFIX_", "PYTHON"))}
     env.update(PYTHONPATH=os.pathsep.join(paths), OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    proc = subprocess.run([sys.executable, "-c", f"STATEMENT = {case.statement!r}\n" + CHILD], capture_output=True,
-                          text=True, env=env, cwd=str(stand_ins), timeout=timeout)
+    proc = subprocess.run([str(_python(case)), "-c", f"STATEMENT = {case.statement!r}\n" + CHILD],
+                          capture_output=True, text=True, env=env, cwd=str(stand_ins), timeout=timeout)
     lines = [line[7:] for line in proc.stdout.splitlines() if line.startswith("CENSUS ")]
     if proc.returncode != 0 or len(lines) != 1:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
@@ -136,8 +156,23 @@ def verdict(row: dict) -> str:
     return "NOT ACTIVE: " + row["report"]
 
 
-def render(rows: List[dict]) -> str:
-    by_name = {row["case"]: row for row in rows}
+def _table(cases: List[Case], by_name: dict) -> List[str]:
+    lines = ["| case | release | statement | looked up | imports transformers | 4c61667 | hotfix |",
+             "|---|---|---|---|---|---|---|"]
+    for case in cases:
+        row = by_name.get(case.name)
+        if row is None:
+            continue
+        looked = ", ".join(row.get("looked_up") or []) or "-"
+        imports = "yes" if row.get("imported_transformers") else "no"
+        before = "OFF" if case.name in OFF_BEFORE else "active" if case in MAIN else "not measured"
+        lines.append(f"| {case.name} | {version_of(case)} | `{case.statement}` | {looked} | {imports} | {before} | "
+                     f"{verdict(row)} |")
+    return lines
+
+
+def render_main(rows: List[dict]) -> str:
+    """The page's head and the test venv's table (tests/e2e/test_first_import_census.py checks it)."""
     lines = [
         "# First-import census: hotfix active whatever a script imports first",
         "",
@@ -151,32 +186,43 @@ def render(rows: List[dict]) -> str:
         "Release \"-\": the test venv's own library (peft, accelerate) or none. A new case is one line of `CASES` in the",
         "tool (a new library: also one line of tests/matrix.txt).",
         "",
-        "Not measured: timm and open_clip (torchvision 0.28.0, PyPI's for torch 2.13, fails to load its operators on",
-        "the CPU build of torch 2.13.0: \"operator torchvision::nms does not exist\"; no torchvision for it exists).",
-        "",
-        "| case | release | statement | looked up | imports transformers | 4c61667 | hotfix |",
-        "|---|---|---|---|---|---|---|",
+        *_table(MAIN, {row["case"]: row for row in rows}),
     ]
-    for case in CASES:
-        row = by_name.get(case.name)
-        if row is None:
-            continue
-        looked = ", ".join(row.get("looked_up") or []) or "-"
-        imports = "yes" if row.get("imported_transformers") else "no"
-        before = "OFF" if case.name in OFF_BEFORE else "active"
-        lines.append(f"| {case.name} | {version_of(case)} | `{case.statement}` | {looked} | {imports} | {before} | "
-                     f"{verdict(row)} |")
     return "\n".join(lines) + "\n"
+
+
+def render_side(rows: List[dict]) -> str:
+    """The section of the cases beside a side torch (checked by the side_torch test of the same file)."""
+    lines = [
+        "",
+        "## Beside torch 2.11.0: timm and open_clip",
+        "",
+        "timm and open_clip import torchvision, and PyPI has no torchvision for the test venv's CPU torch 2.13.0",
+        "(torchvision 0.28.0, built for torch 2.13: \"operator torchvision::nms does not exist\"). These cases run in",
+        "the side venv of torch 2.11.0 (PyPI's build, on the CPU; hotfix from the same wheel; transformers",
+        f"{SIDE_TRANSFORMERS} from .matrix/), their libraries beside it (tools/lab/matrix_install.py BESIDE_TORCH, with",
+        "PyPI's torchvision for that torch). Not measured before this census (\"not measured\").",
+        "",
+        *_table(SIDE, {row["case"]: row for row in rows}),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def render(rows: List[dict]) -> str:
+    return render_main(rows) + render_side(rows)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[1])
     parser.add_argument("--only", help="comma list of case names")
-    parser.add_argument("--page", type=Path, help="write the page here (default: print the rows only)")
+    parser.add_argument("--section", choices=("all", "main", "side"), default="all",
+                        help="the test venv's cases, those beside a side torch, or both (default)")
+    parser.add_argument("--page", type=Path, help="write the page (its section) here (default: print the rows only)")
     parser.add_argument("--jobs", type=int, default=2)
     args = parser.parse_args(argv)
     wanted = set(args.only.split(",")) if args.only else None
-    cases = [case for case in CASES if wanted is None or case.name in wanted]
+    section = {"all": CASES, "main": MAIN, "side": SIDE}[args.section]
+    cases = [case for case in section if wanted is None or case.name in wanted]
     with tempfile.TemporaryDirectory() as scratch:
         stand_ins = Path(scratch)
         for relative, text in STAND_INS.items():
@@ -187,7 +233,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     for row in rows:
         print(json.dumps(row), flush=True)
     if args.page:
-        args.page.write_text(render(rows))
+        args.page.write_text({"all": render, "main": render_main, "side": render_side}[args.section](rows))
     return 0 if all(verdict(row) == "active, fixes applied" for row in rows) else 1
 
 

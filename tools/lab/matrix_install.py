@@ -8,6 +8,10 @@ complete once its ``.complete`` marker is written; a half-finished one is instal
 raises (from the command line: exit status 1), naming pip's last line.
 
     python tools/lab/matrix_install.py NAME VERSION [NAME VERSION ...]
+    python tools/lab/matrix_install.py --beside-torch LINE
+
+``--beside-torch``: BESIDE_TORCH's libraries for a side torch's venv (.matrix/torch-LINE, tools/census/census.py
+``--install-torch``), installed by that venv's pip into .matrix/timm-torchLINE.
 """
 
 from __future__ import annotations
@@ -52,6 +56,14 @@ NEEDS: Dict[str, Needs] = {
     # line's setup.py imports deepspeed, whose config code is pydantic 1's (0.10 requires pydantic<2.0.0)
     "deepspeed": Needs(build_env={"DS_BUILD_OPS": "0"}, pins={(0, 10): ("pydantic<2.0.0",)}),
 }
+#: what runs only beside one torch, by its line: PyPI's torchvision is built for one torch release (none exists for
+#: the test venv's CPU torch 2.13.0), and timm and open_clip import it.  Into .matrix/timm-torch<line> with the
+#: side torch's own pip, without dependencies (the pure-Python needs the side venv lacks are listed; pillow:
+#: torchvision imports PIL).  Used by tests/e2e/test_torch_only_ddp.py and the first-import census.
+BESIDE_TORCH: Dict[str, Tuple[str, ...]] = {
+    "2.11.0": ("torchvision==0.26.0", "timm==1.0.31", "open_clip_torch==3.3.0", "ftfy==6.3.1", "wcwidth==0.9.4",
+               "pillow==13.0.0"),
+}
 #: PyPI names that differ from tests/matrix.txt's
 DISTRIBUTION = {"unsloth-zoo": "unsloth_zoo"}
 
@@ -84,6 +96,26 @@ def install(name: str, version: str) -> Path:
     return folder
 
 
+def beside_torch_folder(line: str) -> Path:
+    return MATRIX / f"timm-torch{line}"
+
+
+def install_beside_torch(line: str) -> Path:
+    """BESIDE_TORCH[line] into :func:`beside_torch_folder`, unless complete there, with .matrix/torch-<line>'s pip."""
+    folder = beside_torch_folder(line)
+    if (folder / ".complete").exists():
+        return folder
+    shutil.rmtree(folder, ignore_errors=True)
+    python = MATRIX / f"torch-{line}" / "bin" / "python"
+    if not python.exists():
+        raise RuntimeError(f"{python.parent.parent} is not installed (tools/census/census.py --install-torch {line})")
+    print(f"installing {' '.join(BESIDE_TORCH[line])} into {folder.relative_to(REPO)}", flush=True)
+    _pip([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps", "--target",
+          str(folder), *BESIDE_TORCH[line]], os.environ, f"the libraries beside torch {line}")
+    (folder / ".complete").touch()
+    return folder
+
+
 def _missing_from_venv(spec: str, env: Mapping[str, str]) -> list:
     """``spec`` and every requirement of it the venv lacks, as pip resolves them with the venv's packages pinned."""
     import json
@@ -108,11 +140,14 @@ def _pip(command: list, env: Mapping[str, str], spec: str) -> None:
 
 
 def main(argv: list) -> int:
-    if not argv or len(argv) % 2:
-        print(__doc__.strip().splitlines()[-1].strip(), file=sys.stderr)
+    beside = argv[:1] == ["--beside-torch"] and len(argv) == 2
+    if not beside and (not argv or len(argv) % 2):
+        print(__doc__.strip().split("\n\n")[2], file=sys.stderr)
         return 2
     try:
-        for name, version in zip(argv[::2], argv[1::2]):
+        if beside:
+            install_beside_torch(argv[1])
+        for name, version in ([] if beside else zip(argv[::2], argv[1::2])):
             install(name, version)
     except RuntimeError as exc:
         print(f"matrix_install: {exc}", file=sys.stderr)
