@@ -221,6 +221,24 @@ def test_report_judges_the_moe_cases(tmp_path):
     assert report.moe_summary(str(tmp_path / "none")) is None
 
 
+def test_pinned_summary_wants_upstream_refused_and_hotfix_equal(tmp_path):
+    folder = tmp_path / "pinned"
+    folder.mkdir()
+
+    def write(side, row):
+        (folder / f"{side}.jsonl").write_text(json.dumps(row) + "\n")
+
+    write("upstream", {"status": "crash", "error": "set-up: RuntimeError: CUDA error: out of memory"})
+    write("hotfix", {"status": "ok", "grads_equal": [True, True], "max_rel_error": 1e-7})
+    found = report.pinned_summary(str(tmp_path))
+    assert found["problems"] == [], found
+    assert "pinned host memory refused" in "\n".join(report._pinned_markdown(found))
+    write("hotfix", {"status": "ok", "grads_equal": [True, False], "max_rel_error": 0.1})
+    write("upstream", {"status": "ok", "grads_equal": [True, True]})
+    assert len(report.pinned_summary(str(tmp_path))["problems"]) == 2
+    assert report.pinned_summary(str(tmp_path / "none")) is None
+
+
 def test_plan_is_one_device_call_per_part_with_its_carry():
     proc = subprocess.run([*RUN, "--plan"], env=clean_env({"PYTHON": sys.executable}), capture_output=True, text=True,
                           timeout=60)

@@ -79,11 +79,13 @@ PARTS = (
          "2025.11.5 and 2026.10.9 (tools/gpu/nonreentrant.py, 10 children 5 at a time), and DeepSpeed ZeRO-3 on "
          "one GPU, upstream and hotfix (tools/lab/deepspeed_cases.py under torchrun: DeepSpeed 0.19.8, 5 cases; "
          "DeepSpeed 0.19.2, before its own fix, 3 cases: LoRA non-reentrant, where upstream fails and "
-         "deepspeed-zero3-frozen-recompute repairs, and reentrant)",
+         "deepspeed-zero3-frozen-recompute repairs, and reentrant), and unsloth's offload with every pinned host "
+         "allocation refused (tools/gpu/whisper_steps.py --refuse-pinned, 2025.11.3, upstream and hotfix, 2 steps)",
          "soak runs 41-64 s each alone (soak.txt), 3 at once ~100 s; compile 5-30 s per first step plus start-up "
          "(compile.txt); DDP and non-reentrant children are tiny models or single steps, mostly import time (CPU: "
          "DDP 16 s per run, a non-reentrant child ~30 s on 2 loaded cores); the DeepSpeed launches (4, beside the "
-         "rest) tiny models, mostly import time; installs 25 s"),
+         "rest) tiny models, mostly import time; the two pinned-refused runs (test dims, 2 steps) beside them; "
+         "installs 25 s"),
     Part("fit", ("base", "t5"), 330,
          "largest batch per variant (non-reentrant, hotfix + 2025.11.3, transformers 5.23 offload, none), "
          "one step per probe, 60 s per probe, 100 s per variant",

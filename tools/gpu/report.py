@@ -292,6 +292,37 @@ def moe_summary(out):
     return {"rows": rows, "problems": problems}
 
 
+def pinned_summary(out):
+    """unsloth's offload with every pinned host allocation refused (scripts/gpu/run's extras, unsloth-zoo 2025.11.3):
+    upstream its set-up raises "out of memory"; with hotfix (unsloth-zoo-pinned-memory and the offload pool's own
+    fallback) two steps with every gradient equal to no checkpointing.  None: not run."""
+    folder = os.path.join(out, "pinned")
+    if not os.path.isdir(folder):
+        return None
+    runs = {side: (_lines(os.path.join(folder, f"{side}.jsonl")) or [None])[-1] for side in ("upstream", "hotfix")}
+    problems = []
+    up, fixed = runs["upstream"], runs["hotfix"]
+    if not up or up.get("status") != "crash" or "out of memory" not in up.get("error", ""):
+        problems.append(f"upstream: expected its set-up to raise 'out of memory', got {_pinned_text(up)}")
+    if not fixed or fixed.get("status") != "ok" or not fixed.get("grads_equal") or not all(fixed["grads_equal"]):
+        problems.append(f"with hotfix: expected every step's gradients equal, got {_pinned_text(fixed)}")
+    return {"upstream": up, "hotfix": fixed, "problems": problems}
+
+
+def _pinned_text(row):
+    if not row:
+        return "no result"
+    if row.get("status") != "ok":
+        return f"{row.get('status')}: {row.get('error')}"
+    return f"ok, gradients equal per step {row.get('grads_equal')} (max rel. {row.get('max_rel_error')})"
+
+
+def _pinned_markdown(pinned):
+    lines = ["", "## unsloth's offload with pinned host memory refused (unsloth-zoo 2025.11.3, --refuse-pinned)", ""]
+    lines += [f"- upstream: {_pinned_text(pinned['upstream'])}", f"- hotfix: {_pinned_text(pinned['hotfix'])}"]
+    return lines + _verdict_lines(pinned["problems"])
+
+
 def _case_text(case):
     if case is None:
         return "–"
@@ -395,7 +426,7 @@ def _label(run):
 
 
 def markdown(env, tests, bench, found, sanitizer=None, soak=None, compiled=None, fit=None, ddp=None, routing=None,
-             unsloth=None, wrapper=None, deepspeed=None, deepspeed_before_fix=None, moe=None):
+             unsloth=None, wrapper=None, deepspeed=None, deepspeed_before_fix=None, moe=None, pinned=None):
     lines = ["# GPU kit results", ""]
     lines += [f"- {k}: {v}" for k, v in env.items() if k != "installed"]
     for folder, versions in env.get("installed", {}).items():
@@ -466,6 +497,8 @@ def markdown(env, tests, bench, found, sanitizer=None, soak=None, compiled=None,
         lines += _deepspeed_markdown(deepspeed)
     if moe is not None:
         lines += _moe_markdown(moe)
+    if pinned is not None:
+        lines += _pinned_markdown(pinned)
     if deepspeed_before_fix is not None:
         lines += _deepspeed_markdown(
             deepspeed_before_fix, f"DeepSpeed {DEEPSPEED_BEFORE_FIX} ZeRO-3 (before its own fix), frozen parameters, "
@@ -597,13 +630,14 @@ def main(argv=None):
     routing = nonreentrant_summary(os.path.join(out, "nonreentrant.jsonl"))
     unsloth = unsloth_summary(out)
     moe = moe_summary(out)
+    pinned = pinned_summary(out)
     with open(os.path.join(out, "results.json"), "w") as handle:
         json.dump({"environment": env, "tests": tests, "bench": bench, "targets": found, "sanitizer": sanitizer,
                    "soak": soak, "compile": compiled, "fit": fit, "ddp": ddp, "nonreentrant": routing,
                    "unsloth": unsloth, "wrapper": wrapper, "deepspeed": deepspeed,
-                   "deepspeed_before_fix": deepspeed_before_fix, "moe": moe}, handle, indent=1)
+                   "deepspeed_before_fix": deepspeed_before_fix, "moe": moe, "pinned": pinned}, handle, indent=1)
     text = markdown(env, tests, bench, found, sanitizer, soak, compiled, fit, ddp, routing, unsloth, wrapper, deepspeed,
-                    deepspeed_before_fix, moe)
+                    deepspeed_before_fix, moe, pinned)
     with open(os.path.join(out, "report.md"), "w") as handle:
         handle.write(text)
     print(text)

@@ -137,6 +137,23 @@ def load_zoo(args, torch):
     return gc_module
 
 
+#: what a system short of page-locked memory says (WSL2, unslothai/unsloth-zoo#1257): the allocator's RuntimeError
+REFUSED = "CUDA error: out of memory (pinned host memory refused: tools/gpu/whisper_steps.py --refuse-pinned)"
+
+
+def refuse_pinned_memory(torch):
+    """Every ``torch.empty(..., pin_memory=True)`` raises, as cudaHostAlloc does where page-locked memory is scarce
+    (unsloth's offload set-up and hotfix's offload pool allocate their host buffers this way)."""
+    empty = torch.empty
+
+    def empty_refusing_pinned(*args, **kwargs):
+        if kwargs.get("pin_memory"):
+            raise RuntimeError(REFUSED)
+        return empty(*args, **kwargs)
+
+    torch.empty = empty_refusing_pinned
+
+
 def offload_fp32_read(gc_module):
     """How the loaded release stores offloaded fp32 layer inputs: "exact" or "bf16" (2026.9.8 on: its
     FP32_OFFLOAD_EXACT, from UNSLOTH_OFFLOAD_FP32, default bf16, and it then also measures an fp32 input in
@@ -278,6 +295,8 @@ def main(argv=None):
     p.add_argument("--offload-fp32", choices=("exact", "bf16"),
                    help="UNSLOTH_OFFLOAD_FP32 for the release (mode unsloth; read from 2026.9.8 on, whose default "
                         "bf16 stores offloaded fp32 inputs rounded); the row's offload_fp32 says what it read")
+    p.add_argument("--refuse-pinned", action="store_true",
+                   help="every pinned host allocation raises, as where page-locked memory is scarce (WSL2)")
     p.add_argument("--time-budget", type=float, default=240.0)
     args = p.parse_args(argv)
 
@@ -313,8 +332,15 @@ def main(argv=None):
             except Exception as exc:
                 baselines[int(text)] = "step without checkpointing: " + short_error(exc)
             model.zero_grad(set_to_none=True)
+    if args.refuse_pinned:
+        refuse_pinned_memory(torch)
+        header["refuse_pinned"] = True
     if args.mode == "unsloth":
-        header["offload_fp32"] = offload_fp32_read(load_zoo(args, torch))
+        try:
+            header["offload_fp32"] = offload_fp32_read(load_zoo(args, torch))
+        except RuntimeError as exc:  # unsloth's set-up (upstream: its pinned buffers, no fallback before 2026.9.5)
+            print(json.dumps(dict(header, status="crash", error="set-up: " + short_error(exc))), flush=True)
+            return 0
     if searching:
         sizes = search_sizes(args.search_from, args.search_limit)
         size = next(sizes, None)
