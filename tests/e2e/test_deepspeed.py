@@ -20,7 +20,11 @@ steps are compared (a parameter without gradient equals only one without).
 * DeepSpeed's own ``deepspeed.checkpointing.checkpoint`` as the layers' checkpoint function (transformers'
   ``_set_gradient_checkpointing``), tiny Whisper full and LoRA: upstream the layer's ``(hidden_states,)`` comes back
   bare ("not enough values to unpack"); with hotfix (deepspeed-checkpoint-layer-io, with the keyword and
-  frozen-input repairs, which DeepSpeed's function needs as torch's reentrant one does) equal.
+  frozen-input repairs, which DeepSpeed's function needs as torch's reentrant one does) equal;
+* a tiny Qwen3-MoE with the drift device of tools/lab/moe_cases.py (a GPU's drift in the recomputation), its sparse
+  block a ZeRO-3 leaf (``set_z3_leaf_modules``, as transformers' DeepSpeed docs ask of a MoE), 4 rows per rank so
+  both ranks reach the same experts: upstream reentrant trains with wrong gradients (8 of 69 equal, 2026-11-29),
+  non-reentrant "different metadata"; with hotfix (moe-routing-replay) 69/69 and every parameter equal.
 
 DeepSpeed 0.19.2 (before its own fix of ZeRO-3 + non-reentrant checkpointing with frozen parameters): upstream that
 CheckpointError ("Recomputed values ... different metadata": Llama LoRA, Whisper LoRA, and through the Trainer); with
@@ -42,7 +46,9 @@ DEEPSPEED = "0.19.8"
 BACKWARD_TWICE = "Trying to backward through the graph a second time"
 NO_GRAD_FN = "loss must be a scalar tensor"
 TUPLE_OF_ONE = "not enough values to unpack"  # DeepSpeed's checkpoint hands Whisper's (hidden_states,) back bare
-#: case -> what upstream does (None: trains equal)
+METADATA = "different metadata"  # torch's non-reentrant checkpoint: the recomputation saved other tensors
+WRONG = "gradients differ"  # upstream trains, silently wrong
+#: case -> what upstream does (None: trains equal; WRONG: trains with other gradients; else its error)
 CASES = {
     "zero2:whisper:reentrant": BACKWARD_TWICE,
     "zero3:whisper:reentrant": BACKWARD_TWICE,
@@ -55,6 +61,10 @@ CASES = {
     # DeepSpeed's own deepspeed.checkpointing.checkpoint as the layers' checkpoint function (issue 42, part 4)
     "zero3:whisper:deepspeed": TUPLE_OF_ONE,
     "zero3:whisper-lora:deepspeed": TUPLE_OF_ONE,
+    # a tiny Qwen3-MoE with tools/lab/moe_cases.py's drift device (routers tied, scaled apart by 1e-6 in the
+    # recomputation only: a GPU's drift), its sparse block a ZeRO-3 leaf module (issue 51: moe-routing-replay)
+    "zero3:moe:reentrant": WRONG,
+    "zero3:moe:nonreentrant": METADATA,
 }
 TIMEOUT_S = 600
 #: the last release before DeepSpeed's own fix (0.19.3, deepspeedai/DeepSpeed#8148) of ZeRO-3 + non-reentrant
@@ -98,10 +108,12 @@ def test_upstream_whisper_fails_under_zero_2_and_3_and_the_rest_trains_equal(lau
     results, stderr = launches["upstream"]
     for rank, result in results.items():
         assert result["hotfix_loaded"] is False and result["deepspeed"] == DEEPSPEED and result["world"] == 2
-        assert len(result["cases"]) == 7
+        assert len(result["cases"]) == sum(1 for failure in CASES.values() if failure) + 1
         for case, found in result["cases"].items():
             if CASES[case] is None:
                 assert found["ok"] and found["equal"] and found["params_equal"], (rank, case, found)
+            elif CASES[case] is WRONG:
+                assert found["ok"] and not found["equal"] and found["wrong"], (rank, case, found)
             else:
                 assert not found["ok"] and CASES[case] in found["error"], (rank, case, found)
     assert repair_notices(stderr) == []
@@ -117,7 +129,7 @@ def test_with_hotfix_every_gradient_and_parameter_equals_the_same_stage_without_
             assert found["params_equal"], (rank, case, found["params_summary"])
     said = "\n".join(repair_notices(stderr))
     assert "transformers-checkpoint-layer-io" in said and "transformers-frozen-inputs" in said, said
-    assert "deepspeed-checkpoint-layer-io" in said, said
+    assert "deepspeed-checkpoint-layer-io" in said and "moe-routing-replay" in said, said
 
 
 def test_before_deepspeeds_own_fix_zero3_non_reentrant_with_frozen_parameters_fails_upstream(launches):

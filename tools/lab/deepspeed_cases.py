@@ -54,11 +54,21 @@ def config(stage: int, world: int) -> dict:
 
 def model_for(recipe: str, mode: str):
     """``lora``/``full``: a tiny Llama (PEFT LoRA with the input hook, or every parameter); ``whisper``: a tiny Whisper,
-    every parameter (its decoder's ``encoder_hidden_states=`` by keyword); ``whisper-lora``: LoRA without the hook."""
+    every parameter (its decoder's ``encoder_hidden_states=`` by keyword); ``whisper-lora``: LoRA without the hook;
+    ``moe``: a tiny Qwen3-MoE with moe_cases' drift device (its routers tied, scaled apart in a recomputation only)."""
     if recipe == "whisper":
         import tiny_models
 
         model = tiny_models.whisper()[0]
+    elif recipe == "moe":
+        import moe_cases
+
+        model = moe_cases.build("qwen3_moe")[0]
+        # as a ZeRO-3 user of a MoE must (transformers' DeepSpeed docs): its sparse block a leaf, every expert gathered
+        # at once; otherwise ranks routing to different experts gather different parameters (gloo: a size mismatch)
+        from deepspeed.utils import set_z3_leaf_modules
+
+        set_z3_leaf_modules(model, [type(model.model.layers[0].mlp)])
     else:
         model = ddp_cases.build(recipe, False, False)
     if mode.startswith("deepspeed"):  # DeepSpeed's own checkpoint function in transformers' place (issue 42, part 4)
@@ -88,6 +98,12 @@ def train(recipe: str, mode: str, stage: int, rank: int, world: int):
         import tiny_models
 
         whole = tiny_models.whisper()[1]
+    elif recipe == "moe":
+        # 4 rows of 12 tokens per rank: every rank's tokens reach every expert group the forward picks from, so the
+        # ranks reduce the same experts' gradients (ZeRO buckets its reduction by the parameters that got one; ranks
+        # whose tokens reach different experts mismatch, DeepSpeed alone: gloo "Received data size doesn't match")
+        ids = torch.randint(0, 64, (4 * world, 12), generator=torch.Generator().manual_seed(1))
+        whole = {"input_ids": ids, "labels": ids.clone()}
     else:
         whole = ddp_cases.batch(recipe)
     mine = {key: value.chunk(world)[rank].to(engine.device) for key, value in whole.items()}
