@@ -6,6 +6,9 @@ layer again (three on a classmethod: 7.07 µs a call against 1.26 µs for one ju
 docs/performance.md) and the order was the order the fixes happened to apply in.
 A :class:`Junction` is one ``FunctionWrapper`` around the original: bound once per call, it runs the joined
 hooks (wrapt wrappers, ``(wrapped, instance, args, kwargs)``) outermost first, each handing the next its call.
+A hook may carry ``idle(instance, args, kwargs)``: True where it would hand that call on unchanged (the hook
+itself asks it first, so the two cannot disagree); where every hook carries one and all are idle, the junction
+calls the original directly.
 The order is data (``hotfix.relations.JOIN_ORDER``; a fix it does not name goes innermost, by name).
 
 Each fix joins through its own ledger (``Patch.join``): the junction standing there is replaced by one that
@@ -23,6 +26,19 @@ from typing import Any, Callable, Optional, Tuple
 import wrapt
 
 Hook = Callable[[Any, Any, tuple, dict], Any]
+
+
+def _with_idle_path(chain: Hook, idles: Tuple[Callable[[Any, tuple, dict], bool], ...]) -> Hook:
+    """``chain``, unless every hook says it would hand this call on as it is (``hook.idle(instance, args, kwargs)``):
+    then the original, called once, with no hook's frame in between (the common call: no DDP, no
+    ``preserve_rng_state=False``, no router; ~2 µs a hook otherwise, tools/bench/wrapper_cost.py)."""
+    def run(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+        for idle in idles:
+            if not idle(instance, args, kwargs):
+                return chain(wrapped, instance, args, kwargs)
+        return wrapped(*args, **kwargs)
+
+    return run
 
 
 def _chained(outer: Hook, inner: Hook) -> Hook:
@@ -44,6 +60,9 @@ class Junction(wrapt.FunctionWrapper):
         chain = hooks[-1][1]
         for _, hook in reversed(hooks[:-1]):
             chain = _chained(hook, chain)
+        idles = tuple(getattr(hook, "idle", None) for _, hook in hooks)
+        if all(idle is not None for idle in idles):
+            chain = _with_idle_path(chain, idles)
         super().__init__(original, chain)
         # wrapt keeps ``_self_`` attributes on the proxy, not on what it wraps
         self._self_hooks, self._self_before, self._self_previous = hooks, before, previous

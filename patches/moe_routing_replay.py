@@ -152,8 +152,11 @@ class MoeRoutingReplay(Patch):
     def _function_in_region(self) -> Callable:
         bound: list = []
 
+        def idle(instance, args, kwargs) -> bool:  # no router found yet (hotfix.junction)
+            return not self.routing or not args
+
         def function_in_region(wrapped, instance, args, kwargs):  # named: wrapper chains read it
-            if not self.routing or not args:
+            if idle(instance, args, kwargs):
                 return wrapped(*args, **kwargs)
             if not bound:
                 import torch
@@ -166,13 +169,17 @@ class MoeRoutingReplay(Patch):
                 return wrapped(*args, **kwargs)
             return wrapped(region_call(args[0]), *args[1:], **kwargs)
 
+        function_in_region.idle = idle
         return function_in_region
 
     def _phases_in_context(self, module: Any) -> Callable:
         bound: list = []
 
+        def idle(instance, args, kwargs) -> bool:  # no router found yet (hotfix.junction)
+            return not self.routing or len(args) < 5
+
         def phases_in_context(wrapped, instance, args, kwargs):  # named: wrapper chains read it
-            if not self.routing or len(args) < 5 or debug_asked(module, args):
+            if idle(instance, args, kwargs) or debug_asked(module, args):
                 return wrapped(*args, **kwargs)  # debug=True refuses any context_fn of its own
             if not bound:
                 import torch
@@ -186,6 +193,7 @@ class MoeRoutingReplay(Patch):
                 return wrapped(*args, **kwargs)
             return wrapped(args[0], args[1], with_phases(args[2]), *args[3:], **kwargs)
 
+        phases_in_context.idle = idle
         return phases_in_context
 
     # -- the fix's lifecycle ------------------------------------------------

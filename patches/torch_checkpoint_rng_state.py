@@ -78,11 +78,15 @@ class TorchCheckpointRngState(Patch):
         return forward_then_recomputations
 
     def _reentrant(self) -> Callable:
+        def idle(instance, args, kwargs) -> bool:  # preserve_rng_state not False (hotfix.junction)
+            return len(args) < 2 or args[1] is not False
+
         def preserve_rng_reentrant(wrapped, instance, args, kwargs):  # named: wrapper chains read it
-            if len(args) < 2 or args[1] is not False or self._helpers()[2]():
+            if idle(instance, args, kwargs) or self._helpers()[2]():
                 return wrapped(*args, **kwargs)
             return wrapped(self._probe(args[0], args[2:]), True, *args[2:], **kwargs)
 
+        preserve_rng_reentrant.idle = idle
         return preserve_rng_reentrant
 
     def _non_reentrant(self, module: Any) -> Callable:
@@ -112,14 +116,18 @@ class TorchCheckpointRngState(Patch):
 
             return contexts
 
+        def idle(instance, args, kwargs) -> bool:  # preserve_rng_state not False (hotfix.junction)
+            return len(args) < 5 or args[1] is not False
+
         def preserve_rng_non_reentrant(wrapped, instance, args, kwargs):  # named: wrapper chains read it
-            if len(args) < 5 or args[1] is not False or self._helpers()[2]():
+            if idle(instance, args, kwargs) or self._helpers()[2]():
                 return wrapped(*args, **kwargs)
             if debug_asked(module, args):  # debug: no context_fn of ours
                 return wrapped(args[0], True, *args[2:], **kwargs)
             # the forward is called by checkpoint() itself: its context (``context_fn``'s first) tells what it drew
             return wrapped(args[0], True, probed(args[2], args[5:]), *args[3:], **kwargs)
 
+        preserve_rng_non_reentrant.idle = idle
         return preserve_rng_non_reentrant
 
     def drift(self, module: Any) -> Optional[str]:

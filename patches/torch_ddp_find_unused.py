@@ -84,10 +84,13 @@ def apply_with_visible_parameters(fix: Patch) -> Callable:
                           torch.is_grad_enabled, torch.compiler.is_compiling, unused_reporter(fix), anchor_first))
         return bound[0]
 
+    def idle(instance, args, kwargs) -> bool:  # outside a searching DDP forward (hotfix.junction)
+        return helpers()[0]() is None
+
     def expose_parameters_to_ddp(wrapped, instance, args, kwargs):  # named: a wrapper chain reads which fix is where
         (searching_ddp, trainable_slots, with_parameters_as_inputs, modules_maybe_called, is_grad_enabled,
          is_compiling, unused, anchor_first) = helpers()
-        if kwargs or len(args) < 2 or searching_ddp() is None or not is_grad_enabled() or is_compiling():
+        if idle(instance, args, kwargs) or kwargs or len(args) < 2 or not is_grad_enabled() or is_compiling():
             return wrapped(*args, **kwargs)
         function, preserve, inputs = args[0], args[1], args[2:]
         present = {id(item) for item in inputs}
@@ -102,6 +105,7 @@ def apply_with_visible_parameters(fix: Patch) -> Callable:
         function = with_parameters_as_inputs(function, len(inputs), slots, parameters, recomputing, unused, maybe_run)
         return wrapped(function, preserve, *inputs, *parameters)
 
+    expose_parameters_to_ddp.idle = idle
     return expose_parameters_to_ddp
 
 

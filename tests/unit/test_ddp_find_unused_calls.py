@@ -343,3 +343,19 @@ def test_blocks_in_a_tuple_inside_the_checkpointed_closure(one_rank):
     assert report.ok and not report.missing and len(report.equal) == 9, report.summary()  # never_used: none in both
     # each segment holds every block and runs some: a block another segment runs is no "unused parameter"
     assert warned == [], warned
+
+
+def test_the_slot_serves_only_inside_a_ddp_forward_that_searches_for_unused_parameters(monkeypatch):
+    """Outside one (no DDP, eval, static_graph, no_sync) the slot stays out of the composed call: its check would
+    find no DDP at every call (issue 52: ~3 µs a call, tools/bench/wrapper_cost.py)."""
+    import types
+
+    from torch.nn.parallel import DistributedDataParallel
+
+    raw = functools.partial(checkpoint, use_reentrant=True)
+    assert patch.serves(raw) is False and patch.settled(raw) is False  # asked again at every read
+    searching = types.SimpleNamespace(find_unused_parameters=True, static_graph=False, require_backward_grad_sync=True)
+    monkeypatch.setattr(DistributedDataParallel, "_active_ddp_module", searching, raising=False)
+    assert patch.serves(raw) is True
+    searching.static_graph = True
+    assert patch.serves(raw) is False

@@ -96,3 +96,45 @@ def test_a_fix_reverted_out_of_order_takes_only_its_own_hook_out():
     assert [label for label, _ in seen] == [names[0], names[2]]
     assert fixes[0].revert() and hooks_on(Subclass.__dict__["apply"]) == (names[2],)
     assert fixes[2].revert() and "apply" not in Subclass.__dict__  # inherited again, as before any fix
+
+
+def _idle_when_flag_true(label, seen):
+    """A hook that hands on a call whose flag is True unchanged, and says so (``idle``)."""
+    hook = _tagging(label, seen)
+
+    def idle(instance, args, kwargs):
+        return args[1] is True
+
+    def idle_hook(wrapped, instance, args, kwargs):
+        if idle(instance, args, kwargs):
+            return wrapped(*args, **kwargs)
+        return hook(wrapped, instance, args, kwargs)
+
+    idle_hook.idle = idle
+    return idle_hook
+
+
+def test_where_every_hook_is_idle_the_original_runs_with_no_hook_in_between():
+    outer, inner = _fix(relations.JOIN_ORDER[0]), _fix(relations.JOIN_ORDER[-1])
+    seen = []
+    outer.join(Subclass, "apply", _idle_when_flag_true("outer", seen))
+    inner.join(Subclass, "apply", _idle_when_flag_true("inner", seen))
+    try:
+        assert Subclass.apply(lambda x: x + 1, True, 1) == ("Subclass", 2) and seen == []
+        # one hook not idle: the whole chain runs, in order, as without the idle path
+        assert Subclass.apply(lambda x: x + 1, False, 1) == ("Subclass", ("inner", ("outer", 2)))
+        assert [label for label, _ in seen] == ["outer", "inner"]
+    finally:
+        assert inner.revert() and outer.revert() and "apply" not in Subclass.__dict__
+
+
+def test_a_hook_without_idle_keeps_the_chain_for_every_call():
+    first, other = _fix(relations.JOIN_ORDER[0]), _fix("zz-third-party")
+    seen = []
+    first.join(Subclass, "apply", _idle_when_flag_true("outer", seen))
+    other.join(Subclass, "apply", _tagging("third", seen))
+    try:
+        assert Subclass.apply(lambda x: x, True, 0) == ("Subclass", ("third", 0))
+        assert [label for label, _ in seen] == ["third"]  # the idle hook handed it on, the other acted
+    finally:
+        assert other.revert() and first.revert() and "apply" not in Subclass.__dict__
