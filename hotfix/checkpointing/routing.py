@@ -172,9 +172,23 @@ def _calls(code: types.CodeType) -> Iterator[str]:
         previous = instruction
 
 
+def _helpers(function: types.FunctionType) -> List[types.FunctionType]:
+    """The module-level functions ``function`` calls by name (its globals'), one level deep: a routing helper beside
+    a forward (unsloth-zoo's temporary patches replace an MoE block's ``forward`` with one that routes in a helper of
+    their module, ``_route_softmax_topk(self, ...)``)."""
+    namespace, found = function.__globals__, []
+    for code in code_objects(function):
+        for name in code.co_names:
+            helper = namespace.get(name)
+            if isinstance(helper, types.FunctionType) and helper is not function and helper not in found:
+                found.append(helper)
+    return found
+
+
 def topk_sites(cls: type) -> List[Tuple[type, str, Any, str]]:
     """Where the code of ``cls`` (and its bases short of torch's) calls ``topk``: ``(owner, name, function, how)``
-    for each method of ``owner`` (a class of ``cls``'s MRO) that does."""
+    for each method of ``owner`` (a class of ``cls``'s MRO) that does, itself or in a module-level function it calls
+    by name (``function`` is then that helper: its module's ``torch`` is the one to route)."""
     found = []
     for owner in cls.__mro__:
         if owner.__module__.split(".")[0] in ("torch", "builtins"):
@@ -184,11 +198,12 @@ def topk_sites(cls: type) -> List[Tuple[type, str, Any, str]]:
             function = inspect.unwrap(getattr(member, "__func__", member))
             if not isinstance(function, types.FunctionType):
                 continue
-            codes = list(code_objects(function))
-            if not any("topk" in code.co_names for code in codes):
-                continue
-            for how in sorted({how for code in codes for how in _calls(code)}):
-                found.append((owner, name, function, how))
+            for candidate in (function, *_helpers(function)):
+                codes = list(code_objects(candidate))
+                if not any("topk" in code.co_names for code in codes):
+                    continue
+                for how in sorted({how for code in codes for how in _calls(code)}):
+                    found.append((owner, name, candidate, how))
     return found
 
 

@@ -164,3 +164,31 @@ def test_a_routed_block_compiles_whole(routing):
     probs = torch.softmax(compiled(x.reshape(-1, moe_block.WIDTH)), dim=-1)
     router = torch.compile(lambda p: moe_block.torch.topk(p, 2, dim=-1), backend="eager", fullgraph=True)
     assert torch.equal(router(probs).indices, torch.topk(probs, 2, dim=-1).indices)
+
+
+@pytest.mark.parametrize("function", [REENTRANT, NON_REENTRANT], ids=["reentrant", "non-reentrant"])
+def test_a_patched_forward_routing_in_a_helper_of_its_module_is_replayed(routing, monkeypatch, function):
+    """unsloth-zoo's way (tests/support/moe_patched.py): the class's forward replaced by another module's function,
+    the topk in a module-level helper it calls.  Upstream the recomputation routes otherwise; with the fix (the
+    helper found through the forward, its module's torch routed) equal."""
+    import moe_patched
+
+    monkeypatch.setattr(moe_block.Block, "forward", moe_patched.forward)
+    assert {(owner.__name__, name, site.__name__) for owner, name, site, _ in topk_sites(moe_block.Block)} == {
+        ("Block", "forward", "route_softmax_topk")}
+    model, x = drifted_model()
+    reference = step(model, x)
+    if function is REENTRANT:
+        upstream = compare_grads(reference, step(model, x, function), rtol=1e-4)
+        assert upstream.wrong or upstream.missing or upstream.unexpected, upstream.summary()
+    else:
+        with pytest.raises(CheckpointError):
+            step(model, x, function)
+    routing.route(model)
+    try:
+        assert moe_patched.torch is not torch and routing.routing
+        report = compare_grads(reference, step(model, x, function), rtol=1e-4)
+        assert report.ok, report.summary()
+    finally:
+        routing.revert()
+        assert moe_patched.torch is torch
