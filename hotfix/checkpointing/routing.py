@@ -180,9 +180,15 @@ def _helpers(function: types.FunctionType) -> List[types.FunctionType]:
     for code in code_objects(function):
         for name in code.co_names:
             helper = namespace.get(name)
-            if isinstance(helper, types.FunctionType) and helper is not function and helper not in found:
+            if isinstance(helper, types.FunctionType) and helper is not function and helper not in found \
+                    and not _is_torchs(helper.__module__):
                 found.append(helper)
     return found
+
+
+def _is_torchs(module_name: Optional[str]) -> bool:
+    """Code of torch's own (or a builtin): never routed, its module's ``torch`` is torch's everywhere."""
+    return (module_name or "").split(".")[0] in ("torch", "builtins")
 
 
 def topk_sites(cls: type) -> List[Tuple[type, str, Any, str]]:
@@ -191,7 +197,7 @@ def topk_sites(cls: type) -> List[Tuple[type, str, Any, str]]:
     by name (``function`` is then that helper: its module's ``torch`` is the one to route)."""
     found = []
     for owner in cls.__mro__:
-        if owner.__module__.split(".")[0] in ("torch", "builtins"):
+        if _is_torchs(owner.__module__):
             continue
         for name, member in vars(owner).items():
             # a decorated method (``@torch.no_grad()``: DeepSeek's and GLM's group routers) shows its own code

@@ -192,3 +192,20 @@ def test_a_patched_forward_routing_in_a_helper_of_its_module_is_replayed(routing
     finally:
         routing.revert()
         assert moe_patched.torch is torch
+
+
+def _torch_helper(scores):  # stands for a function of torch's own that calls topk (made torch's below)
+    return torch.topk(scores, 1)
+
+
+_torch_helper.__module__ = "torch.stand_in"
+
+
+def test_a_helper_of_torch_s_own_is_never_a_site():
+    """torch's code is never routed (its module's torch is torch's everywhere), as torch's classes are not."""
+
+    class Calls(torch.nn.Module):
+        def forward(self, scores):
+            return _torch_helper(scores)
+
+    assert topk_sites(Calls) == []
