@@ -254,7 +254,7 @@ PRELUDE = textwrap.dedent(
 
     def boot_armed():
         """Is the .pth finder waiting for transformers in sys.meta_path?"""
-        return any(type(f).__name__ == "ActivateOnFirstImport" for f in sys.meta_path)
+        return any(type(f).__name__ in ("FirstImportWatch", "ActivateOnFirstImport") for f in sys.meta_path)
 
     def tiny_whisper(seed=0):
         import tiny_models  # tools/lab is on the child's PYTHONPATH

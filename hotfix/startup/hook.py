@@ -1,4 +1,4 @@
-"""The start-up hook's module (``boot.py``) as this process loaded it: once, by its path, under ``_hotfix_boot``.
+"""The start-up hook's module (``boot.py``, with its second half) as this process loaded it: once, under ``_hotfix_boot``.
 
 The ``.pth`` line loads the hook at interpreter start-up; the package takes the hook's names (the triggers, the
 distribution's name, HOTFIX_DISABLE's values, the loader proxy) from that same module object instead of
@@ -40,6 +40,9 @@ def _load():
 
 
 BOOT = _load()
+# The hook's second half (hotfix/startup/activation.py) runs in it at the first import outside the standard
+# library, which importing this package is: done already where the hook ran, here where it did not.
+BOOT.complete(os.path.dirname(os.path.dirname(_HERE)))
 # The names the package uses, the hook's own objects (``hotfix.config.TRUE_VALUES is BOOT.TRUE_VALUES``).
 PACKAGE, DISTRIBUTION, TRIGGERS = BOOT.PACKAGE, BOOT.DISTRIBUTION, BOOT.TRIGGERS
 ENTRY_POINT_GROUP, DISABLE_VAR, TRUE_VALUES = BOOT.ENTRY_POINT_GROUP, BOOT.DISABLE_VAR, BOOT.TRUE_VALUES

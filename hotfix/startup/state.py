@@ -19,8 +19,10 @@ import sys
 PACKAGE = "hotfix"
 DISTRIBUTION = "hotfix-checkpoint"
 TRIGGERS = ("transformers", "unsloth", "unsloth_zoo")
-#: the start-up hook's finder class (hotfix/startup/boot.py), found by its name: the boot module is loaded by path
-FINDER = "ActivateOnFirstImport"
+#: the start-up hook's finder classes, found by their names (the boot module is loaded by path): the watch that
+#: stands first until the first import outside the standard library (hotfix/startup/boot.py), and the finder that
+#: then takes its place (hotfix/startup/activation.py)
+WATCH, FINDER = "FirstImportWatch", "ActivateOnFirstImport"
 DISABLE_VAR = "HOTFIX_DISABLE"
 TRUE_VALUES = frozenset({"1", "true", "yes", "on"})
 # These copy boot.py's (this module imports nothing of hotfix); tests/unit/test_state_constants.py holds them equal.
@@ -49,7 +51,7 @@ def applied():
 
 
 def _finder():
-    return next((finder for finder in sys.meta_path if type(finder).__name__ == FINDER), None)
+    return next((finder for finder in sys.meta_path if type(finder).__name__ in (WATCH, FINDER)), None)
 
 
 def report():

@@ -58,12 +58,13 @@ def _startup_file(directories: List[str]) -> Optional[str]:
 def _hook_finder():
     """The boot module's finder in sys.meta_path (the hook ran here and is waiting or done), or None.
 
-    The boot module the start-up files loaded is ``sys.modules[BOOT_MODULE]``; its finder is its class's.
+    The boot module the start-up files loaded is ``sys.modules[BOOT_MODULE]``; its finder is its watch, or the
+    activating finder that took the watch's place.
     """
-    finder_class = getattr(sys.modules.get(BOOT_MODULE), "ActivateOnFirstImport", None)
-    if not isinstance(finder_class, type):
-        return None
-    return next((finder for finder in sys.meta_path if isinstance(finder, finder_class)), None)
+    boot = sys.modules.get(BOOT_MODULE)
+    classes = tuple(found for found in (getattr(boot, "FirstImportWatch", None), getattr(boot, "ActivateOnFirstImport", None))
+                    if isinstance(found, type))
+    return next((finder for finder in sys.meta_path if classes and isinstance(finder, classes)), None)
 
 
 def _customize_importing_hotfix() -> Optional[str]:

@@ -28,7 +28,7 @@ CHILD = r"""
 import importlib, inspect, io, json, logging, sys, types
 name, order = sys.argv[1], sys.argv[2]
 # Take the start-up hook out: "before" must really import the target before hotfix.
-sys.meta_path[:] = [f for f in sys.meta_path if type(f).__name__ != "ActivateOnFirstImport"]
+sys.meta_path[:] = [f for f in sys.meta_path if type(f).__name__ not in ("FirstImportWatch", "ActivateOnFirstImport")]
 ZOO = "unsloth_zoo.gradient_checkpointing"
 
 def import_targets(targets):

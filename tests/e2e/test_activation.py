@@ -316,7 +316,7 @@ sys.addaudithook(lambda event, args: listed.append(str(args[0])) if event in ("o
 import json  # the first top-level import of the process (d3ffe1e looked for third-party fixes here)
 import packaging  # the first import outside the standard library: where the hook looks for them now
 print(json.dumps({"listed": [path for path in listed if "big-folder" in path],
-                  "armed": any(type(f).__name__ == "ActivateOnFirstImport" for f in sys.meta_path)}))
+                  "armed": any(type(f).__name__ in ("FirstImportWatch", "ActivateOnFirstImport") for f in sys.meta_path)}))
 """
 
 

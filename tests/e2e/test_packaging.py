@@ -256,7 +256,7 @@ def test_editable_install_starts_up_like_an_install(dev_venv, tmp_path):
     (fake / "transformers").mkdir(parents=True)
     (fake / "transformers" / "__init__.py").write_text(FAKE_TRANSFORMERS)
     env = dict(env, PYTHONPATH=str(fake))
-    probe = ("import sys; armed = any(type(f).__name__ == 'ActivateOnFirstImport' for f in sys.meta_path); "
+    probe = ("import sys; armed = any(type(f).__name__ in ('FirstImportWatch', 'ActivateOnFirstImport') for f in sys.meta_path); "
              "import transformers; h = sys.modules.get('hotfix'); "
              "print(armed, h is not None and h.registry.active, h and h.__file__)")
     proc = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=120, env=env,

@@ -31,7 +31,7 @@ SPAWN_PROBE = """
 
     def probe(*_):
         before = hotfix_modules()
-        armed = any(type(f).__name__ == "ActivateOnFirstImport" for f in sys.meta_path)
+        armed = any(type(f).__name__ in ("FirstImportWatch", "ActivateOnFirstImport") for f in sys.meta_path)
         import transformers.modeling_layers as ml
         return {"pid": os.getpid(), "before": before, "armed": armed, "after": hotfix_modules(),
                 "patched": "_gradient_checkpointing_func" in ml.GradientCheckpointingLayer.__dict__}

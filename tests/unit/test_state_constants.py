@@ -20,5 +20,5 @@ def test_state_reads_the_names_the_start_up_hook_defines():
     spec.loader.exec_module(state)
     assert state.PACKAGE == boot.PACKAGE and state.DISTRIBUTION == boot.DISTRIBUTION
     assert frozenset(state.TRIGGERS) == boot.TRIGGERS
-    assert state.FINDER == boot.ActivateOnFirstImport.__name__
+    assert state.FINDER == boot.ActivateOnFirstImport.__name__ and state.WATCH == boot.FirstImportWatch.__name__
     assert state.DISABLE_VAR == boot.DISABLE_VAR and state.TRUE_VALUES == boot.TRUE_VALUES

@@ -109,7 +109,9 @@ import sys, time, json
 if sys.argv[1] == "preload-torch":
     import torch  # modeling_whisper imports it anyway; keeps its import out of hotfix's account
 spent = {"activation": 0.0, "apply": 0.0, "finders": 0.0}
-boot = [f for f in sys.meta_path if type(f).__name__ == "ActivateOnFirstImport"][0]
+boot = [f for f in sys.meta_path if type(f).__name__ in ("FirstImportWatch", "ActivateOnFirstImport")][0]
+if type(boot).__name__ == "FirstImportWatch":
+    boot = boot.take_over()  # the activating finder, as the first import outside the standard library makes it
 original_find_spec, original_activate = boot.find_spec, boot.activate
 
 def timed_find_spec(name, path=None, target=None):

@@ -68,7 +68,7 @@ pkgutil.get_loader     | -                            | import pkgutil, warnings
 probe in a thread      | -                            | import importlib.util, threading; t = threading.Thread(target=importlib.util.find_spec, args=("transformers",)); t.start(); t.join()
 probe before a fork    | -                            | import importlib.util, os; importlib.util.find_spec("transformers"); pid = os.fork(); pid and os._exit(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
 finder ahead           | -                            | import importlib.machinery as m; sys.meta_path.insert(0, type("Ahead", (), {"find_spec": staticmethod(lambda n, p=None, t=None: m.PathFinder.find_spec(n, p) if n == "transformers" else None)})())
-finder moved to end    | -                            | f = next(f for f in sys.meta_path if type(f).__name__ == "ActivateOnFirstImport"); sys.meta_path.remove(f); sys.meta_path.append(f)
+finder moved to end    | -                            | f = next(f for f in sys.meta_path if type(f).__name__ in ("FirstImportWatch", "ActivateOnFirstImport")); sys.meta_path.remove(f); sys.meta_path.append(f)
 timm                   | timm                         | import timm                                      | 2.11.0
 open_clip              | open_clip_torch              | import open_clip                                 | 2.11.0
 """.strip().splitlines()]
