@@ -22,3 +22,22 @@ def test_state_reads_the_names_the_start_up_hook_defines():
     assert frozenset(state.TRIGGERS) == boot.TRIGGERS
     assert state.FINDER == boot.ActivateOnFirstImport.__name__ and state.WATCH == boot.FirstImportWatch.__name__
     assert state.DISABLE_VAR == boot.DISABLE_VAR and state.TRUE_VALUES == boot.TRUE_VALUES
+
+
+def test_second_half_reads_only_names_the_first_half_defines():
+    """hotfix/startup/activation.py runs in the boot module's namespace: each name it takes from there (its
+    BOOT_NAMES) is boot.py's own, defined before the second half runs (a fresh load by path, not completed)."""
+    import hotfix
+
+    startup = Path(hotfix.__file__).resolve().parent / "startup"
+    spec = importlib.util.spec_from_file_location("boot_under_test", startup / "boot.py")
+    first = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(first)
+    assert not hasattr(first, "ActivateOnFirstImport")
+    second = importlib.util.spec_from_file_location("activation_under_test", startup / "activation.py")
+    names = importlib.util.module_from_spec(second)
+    second.loader.exec_module(names)
+    missing = [name for name in names.BOOT_NAMES if not hasattr(first, name)]
+    assert names.BOOT_NAMES and missing == [], missing
+    first.complete(str(startup.parent.parent))
+    assert isinstance(first.ActivateOnFirstImport, type) and first.ActivateOnFirstImport.__module__ == "boot_under_test"
