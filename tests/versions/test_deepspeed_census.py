@@ -1,4 +1,4 @@
-"""The DeepSpeed census (tools/census/deepspeed.py, docs/census/deepspeed.md) against deepspeed-zero3-frozen-recompute's
+"""The DeepSpeed census (tools/census/deepspeed_census.py, docs/census/deepspeed.md) against deepspeed-zero3-frozen-recompute's
 declared range.
 
 Every census DeepSpeed release (the last of each line before 0.12, the first and the last of each line from 0.12,
@@ -27,7 +27,7 @@ import releases  # noqa: E402
 import sweep_store  # noqa: E402
 
 # loaded under its own name: as ``deepspeed`` it would stand in for DeepSpeed itself in this process
-_spec = importlib.util.spec_from_file_location("deepspeed_census", TOOLS / "census" / "deepspeed.py")
+_spec = importlib.util.spec_from_file_location("deepspeed_census", TOOLS / "census" / "deepspeed_census.py")
 census = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(census)
 

@@ -73,7 +73,7 @@ OTHER_EVIDENCE = {
     "transformers-ddp-find-unused": "[census/ddp.md](census/ddp.md), every release, torch 2.13 and 2.14",
     "torch-ddp-find-unused": "[census/ddp.md](census/ddp.md) (direct call), every release, torch 2.13 and 2.14",
     "torch-checkpoint-wrapper": "[census/wrapper.md](census/wrapper.md), every release from 4.52",
-    # DeepSpeed's census has rows and a gate test of its own (tools/census/deepspeed.py,
+    # DeepSpeed's census has rows and a gate test of its own (tools/census/deepspeed_census.py,
     # tests/versions/test_deepspeed_census.py); its cases use torch's checkpoint, not DeepSpeed's
     "deepspeed-zero3-frozen-recompute": "[census/deepspeed.md](census/deepspeed.md), every DeepSpeed line that runs "
                                         "on torch 2.13 and 2.14",

@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """DeepSpeed ZeRO-2 / ZeRO-3 with gradient checkpointing: every DeepSpeed minor line, per census torch (issue 42, part 2).
 
-    python tools/census/deepspeed.py                                   # install, measure, bisect, store, render
-    python tools/census/deepspeed.py --columns upstream                # hotfix off only (the fix not installed yet)
-    .matrix/torch-2.14.1/bin/python tools/census/deepspeed.py          # the other census torch
-    python tools/census/deepspeed.py --releases 0.19.2,0.19.3 --remeasure
-    python tools/census/deepspeed.py --render-only
+    python tools/census/deepspeed_census.py                                   # install, measure, bisect, store, render
+    python tools/census/deepspeed_census.py --columns upstream                # hotfix off only (the fix not installed yet)
+    .matrix/torch-2.14.1/bin/python tools/census/deepspeed_census.py          # the other census torch
+    python tools/census/deepspeed_census.py --releases 0.19.2,0.19.3 --remeasure
+    python tools/census/deepspeed_census.py --render-only
 
 Which releases: the last release of the lines before 0.12, the first and the last patch release of every line
 from 0.12 (PyPI's upload list, cached with the census's in tools/census/pypi-releases.json: ``--refresh`` re-reads
@@ -289,7 +289,7 @@ def holds(all_rows: List[Dict], torch: str) -> Dict[str, object]:
 def section(all_rows: List[Dict]) -> List[str]:
     rows = _rows(all_rows)
     out = ["# DeepSpeed ZeRO-2 / ZeRO-3 with gradient checkpointing: every DeepSpeed line", "",
-           "Rendered by tools/census/deepspeed.py from docs/census/deepspeed/ (2-vCPU VM, CPU, DeepSpeed CPU",
+           "Rendered by tools/census/deepspeed_census.py from docs/census/deepspeed/ (2-vCPU VM, CPU, DeepSpeed CPU",
            f"accelerator, gloo; 2 ranks under torchrun; transformers {TRANSFORMERS}; tools/lab/deepspeed_cases.py:",
            "`deepspeed.initialize` with a client SGD optimizer, fp32, each rank on its half of one batch, two steps",
            "against the same two steps without checkpointing: every trainable gradient after the first backward",
