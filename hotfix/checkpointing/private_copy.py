@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import MutableMapping
-from typing import Any, Optional
+from typing import Optional
 
 
 class _Probe:

@@ -143,7 +143,7 @@ class RoutingTorch(types.ModuleType):
         return value
 
     def __repr__(self) -> str:
-        return f"<torch, its topk replayed in checkpoint recomputations by hotfix>"
+        return "<torch, its topk replayed in checkpoint recomputations by hotfix>"
 
 
 def topk_mode(replay: Replay) -> Any:

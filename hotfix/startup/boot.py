@@ -70,10 +70,10 @@ def _say(message):
 
 def complete(home):
     """Run the hook's second half in this module, once (``ActivateOnFirstImport`` and the rest are then its
-    names).  Raises where the file is missing or damaged."""
+    names); returns that finder class.  Raises where the file is missing or damaged."""
     with _COMPLETING:
         if "ActivateOnFirstImport" in globals():
-            return
+            return globals()["ActivateOnFirstImport"]
         import os  # already loaded by site
         import _frozen_importlib_external as external  # the import system's own, loaded
 
@@ -81,6 +81,7 @@ def complete(home):
         # importlib's file loader: its cached bytecode where valid, as an import would
         code = external.SourceFileLoader(__name__, path).get_code(__name__)
         exec(code, globals())
+        return globals()["ActivateOnFirstImport"]
 
 
 class FirstImportWatch:
@@ -117,8 +118,7 @@ class FirstImportWatch:
                 return self.finder
             self._busy = True
             try:
-                complete(self.home)
-                finder = ActivateOnFirstImport(self.home)
+                finder = complete(self.home)(self.home)
                 # in place: the import system may be iterating over sys.meta_path right now, and a finder taken
                 # out or put in front would shift the ones after it
                 where = next((at for at, found in enumerate(sys.meta_path) if found is self), None)
