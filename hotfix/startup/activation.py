@@ -20,14 +20,10 @@ The long story: docs/design.md ("Start-up and activation").
 import sys
 import _thread
 
-if False:  # never runs (compiled away): the boot module's names, for readers and linters; at run time this file
-    # runs in that module's namespace (module docstring), and they are there
+if False:  # never runs (compiled away): the boot module's names this file uses, for readers and linters; at run time
+    # this file runs in that module's namespace (module docstring), and they are there (tests/unit/test_state_constants.py)
     from hotfix.startup.boot import (DDP_CLASS, DDP_MODULE, DISTRIBUTION, ENTRY_POINT_GROUP, MARKER, OWN_IMPORTS,  # noqa
                                      PACKAGE, REINSTALL, STANDARD_LIBRARY, STARTUP_NAMES, TRIGGERS, WATCHED, _say)
-
-# The boot module's names this file uses (tests/unit/test_state_constants.py holds them defined there).
-BOOT_NAMES = ("TRIGGERS", "WATCHED", "DDP_MODULE", "DDP_CLASS", "ENTRY_POINT_GROUP", "STARTUP_NAMES",
-               "STANDARD_LIBRARY", "OWN_IMPORTS", "PACKAGE", "DISTRIBUTION", "MARKER", "REINSTALL", "_say")
 
 
 class LoaderProxy:

@@ -68,16 +68,21 @@ def _say(message):
     sys.stderr.write("hotfix: %s\n" % (message,))
 
 
+def second_half(home):
+    import os  # already loaded by site
+
+    return os.path.join(home, *SECOND_HALF)
+
+
 def complete(home):
     """Run the hook's second half in this module, once (``ActivateOnFirstImport`` and the rest are then its
     names); returns that finder class.  Raises where the file is missing or damaged."""
     with _COMPLETING:
         if "ActivateOnFirstImport" in globals():
             return globals()["ActivateOnFirstImport"]
-        import os  # already loaded by site
         import _frozen_importlib_external as external  # the import system's own, loaded
 
-        path = os.path.join(home, *SECOND_HALF)
+        path = second_half(home)
         # importlib's file loader: its cached bytecode where valid, as an import would
         code = external.SourceFileLoader(__name__, path).get_code(__name__)
         exec(code, globals())
@@ -129,10 +134,8 @@ class FirstImportWatch:
                 self.finder = finder
             except Exception as exc:
                 self.finished = True
-                import os  # already loaded by site
-
                 _say("%s is damaged: the start-up hook's second half %s could not run (%r); continuing without "
-                     "hotfix. Repair: %s" % (DISTRIBUTION, os.path.join(self.home, *SECOND_HALF), exc, REINSTALL))
+                     "hotfix. Repair: %s" % (DISTRIBUTION, second_half(self.home), exc, REINSTALL))
             finally:
                 self._busy = False
         return self.finder
