@@ -42,6 +42,7 @@ import parts  # noqa: E402
 import report  # noqa: E402
 
 RUN_2026_11_25 = REPO / "docs" / "gpu-runs" / "2026-11-25-kit-38e8258"  # the kit's raw files from an H100
+RUN_2026_11_29 = REPO / "docs" / "gpu-runs" / "2026-11-29-h200"  # the rebuilt kit's tests, extras, bench on an H200
 
 RUN = ["bash", str(REPO / "scripts" / "gpu" / "run")]
 
@@ -82,6 +83,27 @@ def test_report_on_the_h100_run_of_2026_11_25():
     assert (memory["batch"], round(memory["ratio"], 3), round(time["ratio"], 3)) == (64, 0.595, 1.039), found
     assert "gradients not equal" in memory["note"]
     assert not [name for name in found if name.startswith("step1_peak")]  # 2025.11.5 was skipped: no anchor
+
+
+def test_report_on_the_h200_run_of_2026_11_29():
+    """The raw files of the rebuilt kit's first GPU run give back the verdicts and ratios docs/gpu.md records."""
+    tests = report.tests_summary(str(RUN_2026_11_29 / "tests" / "gpu-tests.xml"))
+    assert (tests["passed"], tests["failed"], tests["skipped"]) == (12, 0, 0), tests
+    sanitizer = report.sanitizer_summary(str(RUN_2026_11_29 / "tests" / "sanitizer.txt"))
+    assert {release: found["verdict"] for release, found in sanitizer.items()} == {
+        release: "0 races with the offload active from step 1" for release in ("2025.11.3", "2026.8.9")}, sanitizer
+    found = report.targets(json.loads((RUN_2026_11_29 / "bench" / "bench.json").read_text())["rows"])
+    ratio = {name: round(entry["ratio"], 3) for name, entry in found.items()}
+    assert ratio["step1_peak_anchor:hotfix+zoo-2025.11.3_over_anchor:zoo-2025.11.5_b1"] == 1.0, ratio
+    assert ratio["step1_peak_anchor:hotfix+zoo-2025.11.3_over_anchor:zoo-2025.11.5_b64"] == 0.995, ratio
+    assert (ratio["steady_peak_hotfix+zoo-2025.11.3_over_non-reentrant"],
+            ratio["step_time_hotfix+zoo-2025.11.3_over_non-reentrant"]) == (0.595, 1.045), ratio
+    assert report.nonreentrant_summary(str(RUN_2026_11_29 / "extras" / "nonreentrant.jsonl"))["problems"] == []
+    # the pinned-refused case: the corrected re-run passes; the first run's row (no deterministic settings, judged
+    # at 1e-6) is what the kit's correction was for
+    assert report.pinned_summary(str(RUN_2026_11_29 / "pinned"))["problems"] == []
+    first = json.loads((RUN_2026_11_29 / "extras" / "results.json").read_text())["pinned"]
+    assert first["hotfix"]["deterministic"] is False and first["hotfix"]["grads_equal"] == [False, False]
 
 
 def _ddp_run(tmp, run, loaded, cases):
@@ -229,14 +251,28 @@ def test_pinned_summary_wants_upstream_refused_and_hotfix_equal(tmp_path):
         (folder / f"{side}.jsonl").write_text(json.dumps(row) + "\n")
 
     write("upstream", {"status": "crash", "error": "set-up: RuntimeError: CUDA error: out of memory"})
-    write("hotfix", {"status": "ok", "grads_equal": [True, True], "max_rel_error": 1e-7})
+    write("hotfix", {"status": "ok", "grads_equal": [True, True], "max_rel_error": 1e-7, "offload_message_step1": True})
     found = report.pinned_summary(str(tmp_path))
     assert found["problems"] == [], found
+    # equal without the offload line: the pageable buffers were never used, so it proves nothing
+    write("hotfix", {"status": "ok", "grads_equal": [True, True], "max_rel_error": 1e-7, "offload_message_step1": False})
+    assert report.pinned_summary(str(tmp_path))["problems"] == [
+        "with hotfix: no offload line in step 1: the pageable buffers were never used"]
     assert "pinned host memory refused" in "\n".join(report._pinned_markdown(found))
     write("hotfix", {"status": "ok", "grads_equal": [True, False], "max_rel_error": 0.1})
     write("upstream", {"status": "ok", "grads_equal": [True, True]})
     assert len(report.pinned_summary(str(tmp_path))["problems"]) == 2
     assert report.pinned_summary(str(tmp_path / "none")) is None
+
+
+def test_only_names_groups_of_extras_and_refuses_what_it_does_not_know():
+    """``--only`` re-runs groups of extras; a typo or another part is refused before anything is installed
+    (a group that runs nothing would report its absent rows as nothing wrong)."""
+    env = clean_env({"PYTHON": sys.executable})
+    for args, said in ((["--part", "extras", "--only", "moe,pinnned"], "unknown group 'pinnned'"),
+                       (["--part", "tests", "--only", "moe"], "--only selects groups of --part extras")):
+        proc = subprocess.run([*RUN, *args], env=env, capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 2 and said in proc.stderr, (args, proc.returncode, proc.stderr)
 
 
 def test_plan_is_one_device_call_per_part_with_its_carry():

@@ -4,8 +4,8 @@
     python tools/gpu/parts.py check-carry [--carry .whl]   each call's carry + working tree against 64 MiB
     python tools/gpu/parts.py carry PART [--carry .whl]     the carry list of one part, one path a line
 
-A device call may run 10 minutes and carry 64 MiB with the working tree; a session gets 30
-device-minutes.  The kit once ran whole in one call (517 s of 600, three benchmark variants
+A device call may run 10 minutes and carry 64 MiB with the working tree; a session gets 15
+device-minutes (30 until 2026-11-29), so not every part fits in one session: the plan says which.  The kit once ran whole in one call (517 s of 600, three benchmark variants
 skipped by its time budget, 2026-11-25): now each part is its own call, well under 8 minutes
 with its installs, and carries only the folders it needs (scripts/gpu/build-carry fills them):
 
@@ -65,7 +65,8 @@ PARTS = (
          "checkpointing, transformers 5.23 activation_checkpointing_enable(offload=True)) and CUDA's stream "
          "sanitizer at batch 4 (offload line asserted), children several at a time",
          "10 whisper_steps children (14-25 s each alone) 8 at a time, 3 accelerate launches (a pair took "
-         "48-52 s) at once, 2 new-API children, the 2 sanitizer children (23-25 s) beside them, installs 20 s"),
+         "48-52 s) at once, 2 new-API children, the 2 sanitizer children (23-25 s) beside them, installs 20 s",
+         measured=(109, "2026-11-29, H200")),
     Part("bench", ("base", "t5"), 330,
          "benchmark, large-v3 dims, bf16, LoRA r=64, batches 1,8,64: 9 variants one after the other, "
          "including the step-1 anchor (upstream 2025.11.5 on a shape it trains) and transformers 5.23's offload",
@@ -85,7 +86,8 @@ PARTS = (
          "(compile.txt); DDP and non-reentrant children are tiny models or single steps, mostly import time (CPU: "
          "DDP 16 s per run, a non-reentrant child ~30 s on 2 loaded cores); the DeepSpeed launches (4, beside the "
          "rest) tiny models, mostly import time; the two pinned-refused runs (test dims, 2 steps) beside them; "
-         "installs 25 s"),
+         "installs 25 s",
+         measured=(206, "2026-11-29, H200")),
     Part("fit", ("base", "t5"), 330,
          "largest batch per variant (non-reentrant, hotfix + 2025.11.3, transformers 5.23 offload, none), "
          "one step per probe, 60 s per probe, 100 s per variant",
@@ -99,6 +101,8 @@ PARTS = (
          "then ~60 s; checkpoint 20 s, installs 20 s, pytest 10 s; pytest stops at 575 s into the call"),
 )
 BY_NAME = {part.name: part for part in PARTS}
+#: device seconds a session is lent (the device tool's status: budget_left_s at a session's start)
+SESSION_S = 900
 
 
 def carry_list(part, carry=".whl"):
@@ -118,7 +122,10 @@ def plan(carry=".whl"):
         lines.append(f"   estimate: {part.basis}")
     measured = sum(1 for part in PARTS if part.measured)
     lines += ["", f"total ~{total / 60:.0f} device-minutes ({measured} of {len(PARTS)} parts measured, the rest "
-                  f"estimated) plus each machine start; a session has 30.",
+                  f"estimated) plus each machine start (~30 s on 2026-11-29); a session has {SESSION_S // 60}:"
+                  + (" all fit." if total + 30 * len(PARTS) <= SESSION_S else
+                     " not all fit; run first what docs/gpu.md says has not run on a GPU (two parts can share a "
+                     "call: HOTFIX_GPU_END_S, OUT per part)."),
               "After each call: copy the files under files_at into docs/gpu-runs/<date>-<part>-<commit>/ "
               "and record them in docs/gpu.md."]
     return "\n".join(lines)

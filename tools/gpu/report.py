@@ -295,7 +295,7 @@ def moe_summary(out):
 def pinned_summary(out):
     """unsloth's offload with every pinned host allocation refused (scripts/gpu/run's extras, unsloth-zoo 2025.11.3):
     upstream its set-up raises "out of memory"; with hotfix (unsloth-zoo-pinned-memory and the offload pool's own
-    fallback) two steps with every gradient equal to no checkpointing.  None: not run."""
+    fallback) two steps with every gradient equal to no checkpointing and the offload line in step 1.  None: not run."""
     folder = os.path.join(out, "pinned")
     if not os.path.isdir(folder):
         return None
@@ -306,6 +306,8 @@ def pinned_summary(out):
         problems.append(f"upstream: expected its set-up to raise 'out of memory', got {_pinned_text(up)}")
     if not fixed or fixed.get("status") != "ok" or not fixed.get("grads_equal") or not all(fixed["grads_equal"]):
         problems.append(f"with hotfix: expected every step's gradients equal, got {_pinned_text(fixed)}")
+    elif not fixed.get("offload_message_step1"):   # no offload, no pageable buffers used: equal proves nothing
+        problems.append("with hotfix: no offload line in step 1: the pageable buffers were never used")
     return {"upstream": up, "hotfix": fixed, "problems": problems}
 
 
