@@ -38,18 +38,19 @@ def _load(path, name):
 BOOT = _load(BOOT_SOURCE, "_hotfix_boot_for_setup")
 FILES = _load(FILES_SOURCE, "_hotfix_files_for_setup")
 #: the .pth line of a wheel: the boot module beside it in site-packages, hotfix in the same folder
-WHEEL_LINE = FILES.startup_line(
-    'os.path.join(sitedir, "%s.py")' % FILES.BOOT_MODULE, "None",
-    "%s is damaged: %%s is missing; hotfix is off. Repair: %s" % (BOOT.DISTRIBUTION, BOOT.REINSTALL))
+WHEEL_LINE = FILES.wheel_line(
+    "%s is damaged: %s.py is missing from %%s; hotfix is off. Repair: %s" % (BOOT.DISTRIBUTION, FILES.BOOT_MODULE,
+                                                                            BOOT.REINSTALL))
 
 
 def editable_line(root):
     """The editable install's .pth line: the checkout's boot module, the checkout as hotfix's home.  The
     checkout may be moved or deleted after the install: then one line says so, not a traceback."""
-    return FILES.startup_line(
-        repr(os.path.join(root, "hotfix", "startup", "boot.py")), repr(root),
+    return FILES.editable_line(
+        os.path.join(root, "hotfix", "startup", "boot.py"), root,
         "%s is installed in editable mode from %s, but %%s is missing (the checkout moved or was deleted); hotfix "
-        "is off. Repair: pip install -e <the checkout>, or pip uninstall %s" % (BOOT.DISTRIBUTION, root,
+        "is off. Repair: pip install -e <the checkout>, or pip uninstall %s" % (BOOT.DISTRIBUTION,
+                                                                              root.replace("%", "%%"),
                                                                               BOOT.DISTRIBUTION))
 
 

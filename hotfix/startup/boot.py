@@ -150,7 +150,7 @@ def disabled(environ=None):
 
 
 def _home():
-    """site-packages: the directory of this file (loaded by location, so __file__ is set)."""
+    """site-packages: the directory of this file (its spec set __file__)."""
     here = globals().get("__file__") or ""
     cut = max(here.rfind("/"), here.rfind("\\"))
     return here[:cut] if cut > 0 else ""

@@ -11,15 +11,28 @@ STARTUP_FILES = (PTH_FILE, START_FILE)
 START_ENTRY = BOOT_MODULE + ":boot"
 
 
-def startup_line(boot_path, home, missing):
-    """The .pth line: load the boot module from ``boot_path`` (a Python expression) by its location and run
-    ``boot(home)`` (an expression too; None: the boot module's own folder); where that file is gone, write
-    ``missing`` (its ``%s`` is the path) as one line instead of a traceback.  In a venv Python reads
-    site-packages twice (lib64 -> lib): a second reading does nothing.  One line of expressions (a .pth runs
-    single lines), no ``exec`` and no import but of loaded built-ins; ``os`` and ``sitedir`` are site's.  For
-    the wheel and for an editable install (setup.py)."""
-    return ("import sys, _frozen_importlib as b, _frozen_importlib_external as e; p = %s; n = %r; "
-            "s = None if n in sys.modules else e.spec_from_file_location(n, p) if os.path.isfile(p) else "
-            "(sys.modules.__setitem__(n, None), sys.stderr.write('hotfix: ' + %r %% p + '\\n'))[0]; "
-            "m = s and b.module_from_spec(s); s and sys.modules.__setitem__(n, m); s and s.loader.exec_module(m); "
-            "s and m.boot(%s)\n" % (boot_path, BOOT_MODULE, missing, home))
+def startup_line(spec, where, home, missing):
+    """The .pth line: run the boot module and its ``boot(home)``.  ``spec``: a Python expression giving the boot
+    module's spec by location, or a false value where its file is gone, then ``missing`` (its ``%s`` is
+    ``where``, an expression) is written as one line instead of a traceback; ``home``: an expression, None for
+    the boot module's own folder.  In a venv Python reads site-packages twice (lib64 -> lib): a second reading
+    does nothing.  One line of expressions (a .pth runs single lines) importing only loaded built-ins; ``sys``,
+    ``os`` and ``sitedir`` are site's.  Short on purpose: Python compiles it at every start, and its parse was
+    most of the hook's start-up cost (docs/performance.md, "start-up").  ``_load`` (importlib's own: module made
+    from the spec, put in sys.modules, executed) is private, but there from Python 3.4 to 3.15 (3.15 runs the
+    ``.start`` file instead of this line); tests/unit/test_startup_line.py checks it is there."""
+    return ("import _frozen_importlib as b, _frozen_importlib_external as e; "
+            "s = %r not in sys.modules and (%s or sys.modules.setdefault(%r, sys.stderr.write(%r %% %s) and None)); "
+            "s and b._load(s).boot(%s)\n" % (BOOT_MODULE, spec, BOOT_MODULE, "hotfix: " + missing + "\n", where, home))
+
+
+def wheel_line(missing):
+    """The wheel's line: the boot module looked up by name in the site directory holding the .pth alone (never on
+    sys.path, where a user's file of that name could come first)."""
+    return startup_line("e.PathFinder.find_spec(%r, [sitedir])" % BOOT_MODULE, "sitedir", "None", missing)
+
+
+def editable_line(boot_path, home, missing):
+    """An editable install's line: the checkout's boot.py by its path (``boot_path``, ``home``: strings)."""
+    return startup_line("os.path.isfile(%r) and e.spec_from_file_location(%r, %r)" % (boot_path, BOOT_MODULE, boot_path),
+                        repr(boot_path), repr(home), missing)
