@@ -39,10 +39,20 @@ def _load():
     return module
 
 
+def _complete(boot, home):
+    """The hook's second half (hotfix/startup/activation.py) runs in it at the first import outside the standard
+    library, which importing this package is: done already where the hook ran, here where it did not.  Where that
+    file is gone or broken, ``import hotfix`` fails as a damaged install, saying so and how to repair (the start-up
+    hook says it in one line and lets the program run on without hotfix)."""
+    try:
+        boot.complete(home)
+    except Exception as exc:
+        raise ImportError("%s is damaged: the start-up hook's second half %s could not run (%r). Repair: %s"
+                          % (boot.DISTRIBUTION, boot.second_half(home), exc, boot.REINSTALL)) from None
+
+
 BOOT = _load()
-# The hook's second half (hotfix/startup/activation.py) runs in it at the first import outside the standard
-# library, which importing this package is: done already where the hook ran, here where it did not.
-BOOT.complete(os.path.dirname(os.path.dirname(_HERE)))
+_complete(BOOT, os.path.dirname(os.path.dirname(_HERE)))
 # The names the package uses, the hook's own objects (``hotfix.config.TRUE_VALUES is BOOT.TRUE_VALUES``).
 PACKAGE, DISTRIBUTION, TRIGGERS = BOOT.PACKAGE, BOOT.DISTRIBUTION, BOOT.TRIGGERS
 ENTRY_POINT_GROUP, DISABLE_VAR, TRUE_VALUES = BOOT.ENTRY_POINT_GROUP, BOOT.DISABLE_VAR, BOOT.TRUE_VALUES

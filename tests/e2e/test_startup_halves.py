@@ -69,3 +69,32 @@ def test_missing_second_half_is_one_clear_line(tmp_path):
     assert len(lines) == 1, proc.stderr
     assert "hotfix-checkpoint is damaged" in lines[0] and "activation.py" in lines[0], lines
     assert "pip install --force-reinstall" in lines[0], lines
+
+
+EXPLICIT_PROBE = r"""
+import json, site, sys
+sys.path[:0] = [sys.argv[1], sys.argv[2]]  # the damaged site first: its hotfix is the one imported
+site.addsitedir(sys.argv[1])
+try:
+    import hotfix
+    print(json.dumps({"imported": True}))
+except ImportError as exc:
+    print(json.dumps({"imported": False, "error": str(exc)}))
+"""
+
+
+def test_missing_second_half_fails_an_explicit_import_as_a_damaged_install(tmp_path):
+    """The same damage under ``import hotfix``: an ImportError that says the install is damaged and how to repair,
+    not importlib's FileNotFoundError from inside the package."""
+    site = tmp_path / "site"
+    site.mkdir()
+    for name in ("_hotfix_boot.py", "hotfix-checkpoint.pth"):
+        shutil.copy(SITE / name, site / name)
+    shutil.copytree(SITE / "hotfix", site / "hotfix", ignore=shutil.ignore_patterns("__pycache__"))
+    (site / "hotfix" / "startup" / "activation.py").unlink()
+    proc = run_python(["-S", "-c", EXPLICIT_PROBE, str(site), str(SITE)], timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    seen = json_lines(proc.stdout)[0]
+    assert seen["imported"] is False, seen
+    assert seen["error"].startswith("hotfix-checkpoint is damaged: the start-up hook's second half"), seen
+    assert "activation.py" in seen["error"] and "pip install --force-reinstall" in seen["error"], seen
