@@ -53,15 +53,21 @@ print(json.dumps({"patched": "_gradient_checkpointing_func" in ml.GradientCheckp
 """
 
 
-def test_missing_second_half_is_one_clear_line(tmp_path):
-    """An install without hotfix/startup/activation.py: ``import transformers`` works, hotfix is off, one line
-    says so and how to repair."""
+def _site_without_second_half(tmp_path):
+    """A site-packages copy of hotfix's files without hotfix/startup/activation.py."""
     site = tmp_path / "site"
     site.mkdir()
     for name in ("_hotfix_boot.py", "hotfix-checkpoint.pth"):
         shutil.copy(SITE / name, site / name)
     shutil.copytree(SITE / "hotfix", site / "hotfix", ignore=shutil.ignore_patterns("__pycache__"))
     (site / "hotfix" / "startup" / "activation.py").unlink()
+    return site
+
+
+def test_missing_second_half_is_one_clear_line(tmp_path):
+    """An install without hotfix/startup/activation.py: ``import transformers`` works, hotfix is off, one line
+    says so and how to repair."""
+    site = _site_without_second_half(tmp_path)
     proc = run_python(["-S", "-c", DAMAGED_PROBE, str(site), str(SITE)], timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert json_lines(proc.stdout) == [{"patched": False}], proc.stderr
@@ -86,12 +92,7 @@ except ImportError as exc:
 def test_missing_second_half_fails_an_explicit_import_as_a_damaged_install(tmp_path):
     """The same damage under ``import hotfix``: an ImportError that says the install is damaged and how to repair,
     not importlib's FileNotFoundError from inside the package."""
-    site = tmp_path / "site"
-    site.mkdir()
-    for name in ("_hotfix_boot.py", "hotfix-checkpoint.pth"):
-        shutil.copy(SITE / name, site / name)
-    shutil.copytree(SITE / "hotfix", site / "hotfix", ignore=shutil.ignore_patterns("__pycache__"))
-    (site / "hotfix" / "startup" / "activation.py").unlink()
+    site = _site_without_second_half(tmp_path)
     proc = run_python(["-S", "-c", EXPLICIT_PROBE, str(site), str(SITE)], timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     seen = json_lines(proc.stdout)[0]
