@@ -74,6 +74,13 @@ def second_half(home):
     return os.path.join(home, *SECOND_HALF)
 
 
+def damaged(home, exc, then):
+    """What to say where the second half could not run; ``then``: what happens next (start-up and the package's
+    import say it both)."""
+    return "%s is damaged: the start-up hook's second half %s could not run (%r); %s. Repair: %s" % (
+        DISTRIBUTION, second_half(home), exc, then, REINSTALL)
+
+
 def complete(home):
     """Run the hook's second half in this module, once (``ActivateOnFirstImport`` and the rest are then its
     names); returns that finder class.  Raises where the file is missing or damaged."""
@@ -134,8 +141,7 @@ class FirstImportWatch:
                 self.finder = finder
             except Exception as exc:
                 self.finished = True
-                _say("%s is damaged: the start-up hook's second half %s could not run (%r); continuing without "
-                     "hotfix. Repair: %s" % (DISTRIBUTION, second_half(self.home), exc, REINSTALL))
+                _say(damaged(self.home, exc, "continuing without hotfix"))
             finally:
                 self._busy = False
         return self.finder

@@ -47,8 +47,7 @@ def _complete(boot, home):
     try:
         boot.complete(home)
     except Exception as exc:
-        raise ImportError("%s is damaged: the start-up hook's second half %s could not run (%r). Repair: %s"
-                          % (boot.DISTRIBUTION, boot.second_half(home), exc, boot.REINSTALL)) from None
+        raise ImportError(boot.damaged(home, exc, "import hotfix cannot complete")) from None
 
 
 BOOT = _load()

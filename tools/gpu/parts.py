@@ -5,7 +5,8 @@
     python tools/gpu/parts.py carry PART [--carry .whl]     the carry list of one part, one path a line
 
 A device call may run 10 minutes and carry 64 MiB with the working tree; a session gets 15
-device-minutes (30 until 2026-11-29), so not every part fits in one session: the plan says which.  The kit once ran whole in one call (517 s of 600, three benchmark variants
+device-minutes (30 until 2026-11-29), so not every part fits in one session: the plan says which.
+The kit once ran whole in one call (517 s of 600, three benchmark variants
 skipped by its time budget, 2026-11-25): now each part is its own call, well under 8 minutes
 with its installs, and carries only the folders it needs (scripts/gpu/build-carry fills them):
 
@@ -103,6 +104,8 @@ PARTS = (
 BY_NAME = {part.name: part for part in PARTS}
 #: device seconds a session is lent (the device tool's status: budget_left_s at a session's start)
 SESSION_S = 900
+#: seconds a machine's start took (2026-11-29, H200: the lease's held_s less the calls' wall_s)
+START_S = 30
 
 
 def carry_list(part, carry=".whl"):
@@ -122,8 +125,8 @@ def plan(carry=".whl"):
         lines.append(f"   estimate: {part.basis}")
     measured = sum(1 for part in PARTS if part.measured)
     lines += ["", f"total ~{total / 60:.0f} device-minutes ({measured} of {len(PARTS)} parts measured, the rest "
-                  f"estimated) plus each machine start (~30 s on 2026-11-29); a session has {SESSION_S // 60}:"
-                  + (" all fit." if total + 30 * len(PARTS) <= SESSION_S else
+                  f"estimated) plus each machine start (~{START_S} s on 2026-11-29); a session has {SESSION_S // 60}:"
+                  + (" all fit." if total + START_S * len(PARTS) <= SESSION_S else
                      " not all fit; run first what docs/gpu.md says has not run on a GPU (two parts can share a "
                      "call: HOTFIX_GPU_END_S, OUT per part)."),
               "After each call: copy the files under files_at into docs/gpu-runs/<date>-<part>-<commit>/ "
