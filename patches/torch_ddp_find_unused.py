@@ -85,7 +85,8 @@ def apply_with_visible_parameters(fix: Patch) -> Callable:
         return bound[0]
 
     def idle(instance, args, kwargs) -> bool:  # outside a searching DDP forward (hotfix.junction)
-        return helpers()[0]() is None
+        # every checkpointed call asks this: bound[0][0] (searching_ddp) without the helpers() frame once bound
+        return (bound[0] if bound else helpers())[0]() is None
 
     def expose_parameters_to_ddp(wrapped, instance, args, kwargs):  # named: a wrapper chain reads which fix is where
         (searching_ddp, trainable_slots, with_parameters_as_inputs, modules_maybe_called, is_grad_enabled,

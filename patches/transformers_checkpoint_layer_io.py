@@ -36,6 +36,8 @@ def checkpoint_with_lifted_inputs(fix: CheckpointFunctionFix) -> Callable:
     torch (a tokenizer-only user has transformers without torch), and the targets have imported
     it by then.  Bound once here, the helpers cost no import per checkpointed call.
     """
+    import torch
+
     from hotfix.checkpointing.inputs import anchored, first_input_needs_grad, is_reentrant, lift_closure_tensors
     from hotfix.checkpointing.outputs import FlatOutputs
     from hotfix.checkpointing.shared_state import UNSAFE, SharedStateWrites
@@ -43,6 +45,7 @@ def checkpoint_with_lifted_inputs(fix: CheckpointFunctionFix) -> Callable:
     from hotfix.checkpointing.torch_wrapper import packed_upstream
     from hotfix.checkpointing.unsloth import FirstInputRule
 
+    tensor = torch.Tensor
     first_input = FirstInputRule(fix)
     unused_claimed = []  # once the unused-outputs repair was claimed, later calls skip the check
 
@@ -75,10 +78,12 @@ def checkpoint_with_lifted_inputs(fix: CheckpointFunctionFix) -> Callable:
                     function, inputs = anchored(function, inputs, first=True)
         outputs = FlatOutputs(function, writes, notice=None if unused_claimed else notice_unused_outputs)
         result = wrapped(outputs, *inputs, **kwargs)
-        outputs.watch_unused(result)
-        result = outputs.rebuild(result)
-        if outputs.nested:
-            fix.repaired("tensors nested in a layer's output or stored into a shared mapping became checkpoint outputs")
+        if type(result) is not tensor:  # one tensor back (the usual layer): no outputs to watch, nothing nested
+            outputs.watch_unused(result)
+            if outputs.nested:
+                fix.repaired("tensors nested in a layer's output or stored into a shared mapping became checkpoint "
+                             "outputs")
+                return outputs.rebuild(result)
         return result
 
     return lift_layer_inputs

@@ -39,12 +39,12 @@ def checkpoint_with_anchor(fix: CheckpointFunctionFix) -> Callable:
     first_input = FirstInputRule(fix)
 
     def anchor_frozen_layer(wrapped, instance, args, kwargs):  # named: a wrapper chain reads which fix is where
+        for item in args:  # the usual case, answered first: a positional input needs grad, the node exists
+            if isinstance(item, tensor) and item.requires_grad:
+                return wrapped(*args, **kwargs)
         if not args or not is_grad_enabled() or not is_reentrant(wrapped, kwargs):
             return wrapped(*args, **kwargs)
         function, inputs = args[0], args[1:]
-        for item in inputs:  # the usual case, answered first: a positional input needs grad, the node exists
-            if isinstance(item, tensor) and item.requires_grad:
-                return wrapped(*args, **kwargs)
         found: list = []
         seen: set = set()
         find_grad_tensors(inputs, found, seen)

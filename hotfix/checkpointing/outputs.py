@@ -114,6 +114,9 @@ class FlatOutputs(LayerCallWrapper):
     without the zero gradient upstream gives it; None: not asked.
     """
 
+    # slots: one is made per checkpointed call (the common call pays for its making, tools/bench/wrapper_cost.py)
+    __slots__ = ("__wrapped__", "_writes", "_notice", "_skeleton", "_replay", "_unused", "nested", "__weakref__")
+
     def __init__(self, function: Callable, writes: Optional[Any] = None,
                  notice: Optional[Callable[[], None]] = None) -> None:
         self.__wrapped__ = function  # what the layer call is (other wrappers and checkpoint functions look through us)
@@ -121,14 +124,17 @@ class FlatOutputs(LayerCallWrapper):
         self._notice = notice
         self._skeleton: Any = None
         self._replay: Any = None  # the forward's writes into shared mappings, replayed by rebuild()
-        self._unused: Set[int] = set()  # checkpoint outputs that got no gradient (set by hooks in backward)
-        self.nested = None  # decided by the first call: the checkpoint's forward
+        # checkpoint outputs that got no gradient (set by hooks in backward; made by the first such hook)
+        self._unused: Optional[Set[int]] = None
+        self.nested: Optional[bool] = None  # decided by the first call: the checkpoint's forward
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         output = self.__wrapped__(*args, **kwargs)
         written = self._writes.take() if self._writes is not None else None
         if self.nested is None:
-            self.nested = _has_nested_tensor(output) or bool(written is not None and written.changed)
+            # a lone tensor (the usual layer output) nests nothing: answered before the call
+            self.nested = (not isinstance(output, torch.Tensor) and _has_nested_tensor(output)
+                           or bool(written is not None and written.changed))
             if self.nested:
                 self._skeleton = _skeleton(output, [])
                 self._replay = written
@@ -137,7 +143,7 @@ class FlatOutputs(LayerCallWrapper):
             _skeleton(output, leaves)
             output = tuple(leaves + (written.tensors if written is not None else []))
         if self._unused and isinstance(output, tuple):  # only ever set in backward: this is the recomputation
-            unused, self._unused = self._unused, set()
+            unused, self._unused = self._unused, None
             dropped = [item for i, item in enumerate(output) if i in unused and isinstance(item, torch.Tensor)]
             if self._notice is not None:
                 leaves = _reached_only_through(dropped, args)
@@ -165,8 +171,10 @@ class FlatOutputs(LayerCallWrapper):
     def _received(self, position: int, grad: Optional[torch.Tensor]) -> None:
         # Every output's hook runs (with None where nothing arrived) before the checkpoint's backward.
         if grad is None:
+            if self._unused is None:
+                self._unused = set()
             self._unused.add(position)
-        else:
+        elif self._unused is not None:
             self._unused.discard(position)
 
     def rebuild(self, result: Any) -> Any:

@@ -82,6 +82,7 @@ class _Composed(NamedTuple):
 
     raw: Any
     standing: tuple
+    entries: tuple  # the ``__dict__.get`` of each class of the MRO (``_standing`` without a mappingproxy per class)
     unsettled: Tuple[Tuple["CheckpointFunctionSlot", bool], ...]  # (slot, its serves(raw) then) where it may change
     wrapper: Any
 
@@ -157,12 +158,20 @@ class CheckpointFunctionSlot(property):
         raw = instance.__dict__.get(ATTRIBUTE)
         if raw is None:
             return raw
-        self.hold(instance, raw)
+        if self._held.get(instance, self) is not raw:  # hold()'s own first question, without its frame each read
+            self.hold(instance, raw)
         cls = type(instance)
         composed = self._composed.get(cls)
-        if (composed is None or composed.raw is not raw or composed.standing != _standing(cls)
-                or any(slot.serves(raw) is not served for slot, served in composed.unsettled)):
-            composed = self._compose(cls, raw)
+        # every checkpointed call reads this: loops written out, no comprehension or generator frame
+        # (tools/bench/wrapper_cost.py)
+        if composed is None or composed.raw is not raw:
+            return self._compose(cls, raw).wrapper
+        for entry, standing in zip(composed.entries, composed.standing):
+            if entry(ATTRIBUTE) is not standing:
+                return self._compose(cls, raw).wrapper
+        for slot, served in composed.unsettled:
+            if slot.serves(raw) is not served:
+                return self._compose(cls, raw).wrapper
         return composed.wrapper
 
     def _compose(self, cls: type, raw: Any) -> _Composed:
@@ -172,7 +181,8 @@ class CheckpointFunctionSlot(property):
         for slot, serves in served:
             if serves:
                 wrapper = wrapt.FunctionWrapper(wrapper, slot.wrapper)
-        composed = _Composed(raw, standing, tuple(item for item in served if not item[0].settled(raw)), wrapper)
+        composed = _Composed(raw, standing, tuple(klass.__dict__.get for klass in cls.__mro__),
+                             tuple(item for item in served if not item[0].settled(raw)), wrapper)
         self._composed[cls] = composed
         return composed
 

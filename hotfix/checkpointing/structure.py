@@ -125,10 +125,15 @@ def hides_nothing(function: Any, inputs: Sequence[Any]) -> bool:
     and every positional input is a tensor or plain: then :func:`tensors` finds no tensor needing
     grad outside the positional ones and there is no shared state.  False only means "look closer".
     """
+    # is_plain written out for the tensors (most values): every checkpointed call asks this
     if isinstance(function, functools.partial):
-        for value in (*function.args, *function.keywords.values()):
-            if not is_plain(value) and not (type(value) in (tuple, list) and all(is_plain(item) for item in value)):
-                return False
+        for values in (function.args, function.keywords.values()):
+            for value in values:
+                if isinstance(value, _Tensor):
+                    if value.requires_grad:
+                        return False
+                elif not is_plain(value) and not (type(value) in (tuple, list) and all(map(is_plain, value))):
+                    return False
     for value in inputs:
         if not isinstance(value, _Tensor) and not is_plain(value):
             return False
