@@ -63,8 +63,8 @@ def apply_with_visible_parameters(fix: Patch) -> Callable:
             import torch
 
             from hotfix.checkpointing.code import keep_dynamo_out_of_hotfix
-            from hotfix.checkpointing.ddp import (ddp_drift, searching_ddp, trainable_slots, unused_reporter,
-                                                  with_parameters_as_inputs)
+            from hotfix.checkpointing.ddp import (active_ddp, ddp_drift, searching_ddp, trainable_slots,
+                                                  unused_reporter, with_parameters_as_inputs)
             from hotfix.checkpointing.inputs import anchored, first_input_needs_grad
             from hotfix.checkpointing.layer_call import modules_maybe_called
             from hotfix.checkpointing.unsloth import FirstInputRule
@@ -81,16 +81,19 @@ def apply_with_visible_parameters(fix: Patch) -> Callable:
                 return function, inputs
 
             bound.append((searching_ddp, trainable_slots, with_parameters_as_inputs, modules_maybe_called,
-                          torch.is_grad_enabled, torch.compiler.is_compiling, unused_reporter(fix), anchor_first))
+                          torch.is_grad_enabled, torch.compiler.is_compiling, unused_reporter(fix), anchor_first,
+                          active_ddp))
         return bound[0]
 
     def idle(instance, args, kwargs) -> bool:  # outside a searching DDP forward (hotfix.junction)
-        # every checkpointed call asks this: bound[0][0] (searching_ddp) without the helpers() frame once bound
-        return (bound[0] if bound else helpers())[0]() is None
+        # every checkpointed call asks this: outside any DDP forward answered by one C call (active_ddp), without
+        # the helpers() frame once bound
+        found = bound[0] if bound else helpers()
+        return found[8]() is None or found[0]() is None
 
     def expose_parameters_to_ddp(wrapped, instance, args, kwargs):  # named: a wrapper chain reads which fix is where
         (searching_ddp, trainable_slots, with_parameters_as_inputs, modules_maybe_called, is_grad_enabled,
-         is_compiling, unused, anchor_first) = helpers()
+         is_compiling, unused, anchor_first, _) = helpers()
         if idle(instance, args, kwargs) or kwargs or len(args) < 2 or not is_grad_enabled() or is_compiling():
             return wrapped(*args, **kwargs)
         function, preserve, inputs = args[0], args[1], args[2:]

@@ -79,24 +79,18 @@ class TransformersDdpFindUnused(CheckpointFunctionFix):
     upstream = ("pytorch/pytorch DDP reducer with reentrant torch.utils.checkpoint (huggingface/peft#313, "
                 "huggingface/trl#921, huggingface/accelerate#3536)")
     fixed_in = None  # torch 2.14.1 still fails; upstream's answer is non-reentrant checkpointing
-    _searching: Optional[Callable[[], Any]] = None  # hotfix.checkpointing.ddp.searching_ddp, once looked up
 
     def build_wrapper(self) -> Callable:
         return checkpoint_with_visible_parameters(self)
 
-    def serves(self, raw: Any) -> bool:
-        """Only while a DDP forward that searches for unused parameters runs (where the layer reads its checkpoint
-        function, and calls it): elsewhere its slot stays out of the composed call, which costs each call ~3 µs
-        for a check that would find no DDP (issue 52; tools/bench/wrapper_cost.py)."""
-        searching = self._searching
-        if searching is None:  # torch's DDP: imported by then (a slot exists: transformers, and torch, did)
-            from hotfix.checkpointing.ddp import searching_ddp as searching
+    def acting_while(self) -> Optional[Callable[[], Any]]:
+        """Inside a DDP forward only (``checkpointing.ddp.active_ddp``, None outside one): elsewhere
+        its slot stays out of the composed call, whose every read asks this without a Python frame (issue 52;
+        tools/bench/wrapper_cost.py).  Inside one, the wrapper asks the rest (``searching_ddp``: find_unused_parameters,
+        no static_graph, no no_sync).  Asked at the first apply, when transformers has imported torch."""
+        from hotfix.checkpointing.ddp import active_ddp
 
-            self._searching = searching
-        return searching() is not None and super().serves(raw)
-
-    def settled(self, raw: Any) -> bool:
-        return False  # the answer changes as DDP forwards begin and end: asked at every read
+        return active_ddp
 
     def drift(self, module: Any) -> Optional[str]:
         try:

@@ -10,16 +10,25 @@ is missing, the DDP fix's drift check says so; here it reads as no DDP forward).
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, List, Optional, Tuple
 
 from torch.nn.parallel import DistributedDataParallel
 
-__all__ = ["ddp_drift", "searching_ddp", "trainable_slots", "unused_reporter", "with_parameters_as_inputs"]
+__all__ = ["active_ddp", "ddp_drift", "searching_ddp", "trainable_slots", "unused_reporter", "with_parameters_as_inputs"]
+
+
+#: where DDP keeps the module whose forward runs (a class attribute; None outside any DDP forward)
+ACTIVE = "_active_ddp_module"
+
+#: the DDP module whose forward is running, else None: one C call, no Python frame (asked at every read of a
+#: checkpoint function by transformers-ddp-find-unused's slot)
+active_ddp: Callable[[], Optional[Any]] = functools.partial(getattr, DistributedDataParallel, ACTIVE, None)
 
 
 def searching_ddp() -> Optional[Any]:
     """The DDP module whose forward is running, where it will search the graph for unused parameters; else None."""
-    ddp = getattr(DistributedDataParallel, "_active_ddp_module", None)
+    ddp = active_ddp()
     if ddp is None or not getattr(ddp, "find_unused_parameters", False) or getattr(ddp, "static_graph", False):
         return None
     return ddp if getattr(ddp, "require_backward_grad_sync", True) else None
@@ -129,6 +138,6 @@ def unused_reporter(fix: Any) -> Callable[[List[str]], None]:
 
 def ddp_drift() -> Optional[str]:
     """Why torch's DDP no longer tells which DDP module's forward is running, or None."""
-    if not hasattr(DistributedDataParallel, "_active_ddp_module"):
-        return "DistributedDataParallel._active_ddp_module (the module whose forward runs) is missing"
+    if not hasattr(DistributedDataParallel, ACTIVE):
+        return f"DistributedDataParallel.{ACTIVE} (the module whose forward runs) is missing"
     return None

@@ -50,7 +50,7 @@ def what_runs(layer: Any) -> List[str]:
     else:
         lines.append("  reading it, hotfix's slots, outermost first:")
         for slot in reversed(slots):  # slots_on: innermost first
-            acts = raw is not None and slot.serves(raw)
+            acts = raw is not None and slot.acts_on(raw)
             lines.append("    %s (%s, on %s)%s" % (slot.fix or "?", getattr(slot.wrapper, "__name__", "?"),
                                                     slot.owner.__qualname__, "" if acts else ": steps aside here"))
     inner = raw.func if isinstance(raw, functools.partial) else raw

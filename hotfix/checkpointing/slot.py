@@ -83,6 +83,7 @@ class _Composed(NamedTuple):
     raw: Any
     standing: tuple
     entries: tuple  # the ``__dict__.get`` of each class of the MRO (``_standing`` without a mappingproxy per class)
+    states: Tuple[Tuple[Callable[[], Any], bool], ...]  # (a slot's ``active``, whether it answered other than None)
     unsettled: Tuple[Tuple["CheckpointFunctionSlot", bool], ...]  # (slot, its serves(raw) then) where it may change
     wrapper: Any
 
@@ -120,7 +121,7 @@ class CheckpointFunctionSlot(property):
     def __init__(self, owner: type, wrapper: Callable, is_compiling: Callable[[], bool], rank: int,
                  displaced: Optional["CheckpointFunctionSlot"] = None,
                  serves: Callable[[Any], bool] = always, settled: Optional[Callable[[Any], bool]] = None,
-                 fix: str = "") -> None:
+                 fix: str = "", active: Optional[Callable[[], Any]] = None) -> None:
         slot = self
         super().__init__(lambda instance: read_under_compile(slot, instance))
         keep_dynamo_out_of_hotfix()  # torch is imported: the modules this slot serves are torch modules
@@ -133,6 +134,9 @@ class CheckpointFunctionSlot(property):
         # read where ``settled(raw)`` is False (its answer for that function may change with what is applied).
         self.serves = serves
         self.settled = settled or (always if serves is always else never)  # an answer of unknown kind: asked each read
+        # Where its fix acts only in some state of the process (inside a DDP forward): a callable without arguments
+        # that returns None outside it, asked at each read (a C callable costs the read no Python frame)
+        self.active = active
         # Another fix's slot that stood on ``owner`` first: it keeps working through this one, and comes
         # back when this fix reverts (fixes revert in the reverse order of application).
         self.displaced = displaced
@@ -169,20 +173,32 @@ class CheckpointFunctionSlot(property):
         for entry, standing in zip(composed.entries, composed.standing):
             if entry(ATTRIBUTE) is not standing:
                 return self._compose(cls, raw).wrapper
+        for active, was in composed.states:
+            if (active() is not None) is not was:
+                return self._compose(cls, raw).wrapper
         for slot, served in composed.unsettled:
             if slot.serves(raw) is not served:
                 return self._compose(cls, raw).wrapper
         return composed.wrapper
 
+    def acts_on(self, raw: Any) -> bool:
+        """Does this slot's fix act on calls through ``raw`` now (it serves ``raw``, in the state it acts in)?"""
+        return bool(self.serves(raw)) and (self.active is None or self.active() is not None)
+
     def _compose(self, cls: type, raw: Any) -> _Composed:
-        standing, slots = _standing(cls), slots_on(cls)
-        served = [(slot, bool(slot.serves(raw))) for slot in slots]
-        wrapper = raw
-        for slot, serves in served:
-            if serves:
+        wrapper, states, unsettled = raw, [], []
+        for slot in slots_on(cls):
+            serves = bool(slot.serves(raw))
+            if not slot.settled(raw):
+                unsettled.append((slot, serves))
+            now = True
+            if slot.active is not None:
+                now = slot.active() is not None
+                states.append((slot.active, now))
+            if serves and now:
                 wrapper = wrapt.FunctionWrapper(wrapper, slot.wrapper)
-        composed = _Composed(raw, standing, tuple(klass.__dict__.get for klass in cls.__mro__),
-                             tuple(item for item in served if not item[0].settled(raw)), wrapper)
+        composed = _Composed(raw, _standing(cls), tuple(klass.__dict__.get for klass in cls.__mro__), tuple(states),
+                             tuple(unsettled), wrapper)
         self._composed[cls] = composed
         return composed
 
@@ -236,8 +252,10 @@ class SlotCoverage:
     """
 
     def __init__(self, patch: Any, wrapper: Callable, rank: int,
-                 serves: Callable[[Any], bool] = always, settled: Optional[Callable[[Any], bool]] = None) -> None:
+                 serves: Callable[[Any], bool] = always, settled: Optional[Callable[[Any], bool]] = None,
+                 active: Optional[Callable[[], Any]] = None) -> None:
         self.patch, self.wrapper, self.rank, self.serves, self.settled = patch, wrapper, rank, serves, settled
+        self.active = active
 
     def hook(self, modeling_utils: Any) -> None:
         """Cover after every enabler of ``PreTrainedModel``, and the models that exist already."""
@@ -291,4 +309,4 @@ class SlotCoverage:
         from torch.compiler import is_compiling
 
         return CheckpointFunctionSlot(cls, self.wrapper, is_compiling, rank=self.rank, displaced=displaced,
-                                      serves=self.serves, settled=self.settled, fix=self.patch.name)
+                                      serves=self.serves, settled=self.settled, fix=self.patch.name, active=self.active)

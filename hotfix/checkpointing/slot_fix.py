@@ -11,7 +11,7 @@ aside because a fix it relies on is not applied (:meth:`serves`).
 from __future__ import annotations
 
 import functools
-from typing import Any, List, Optional
+from typing import Any, Callable, List, Optional
 
 from hotfix import relations
 from hotfix.declarations import Mechanism
@@ -50,8 +50,14 @@ class CheckpointFunctionFix(Patch):
         """This fix's slot coverage, made with its wrapper at the first apply."""
         if self._coverage is None:
             self._coverage = SlotCoverage(self, self.wrapper, relations.slot_rank(self.name), self.serves,
-                                          self.settled)
+                                          self.settled, self.acting_while())
         return self._coverage
+
+    def acting_while(self) -> Optional[Callable[[], Any]]:
+        """Where this fix acts only in some state of the process: a callable without arguments returning None
+        outside it (its slot then stays out of the composed call), asked at every read of the checkpoint function,
+        so cheap (a C callable where possible).  None: it acts in any state.  Asked once, at the first apply."""
+        return None
 
     def serves(self, raw: Any) -> bool:
         """Does this fix act on calls through the stored function ``raw``?

@@ -345,17 +345,33 @@ def test_blocks_in_a_tuple_inside_the_checkpointed_closure(one_rank):
     assert warned == [], warned
 
 
-def test_the_slot_serves_only_inside_a_ddp_forward_that_searches_for_unused_parameters(monkeypatch):
-    """Outside one (no DDP, eval, static_graph, no_sync) the slot stays out of the composed call: its check would
-    find no DDP at every call (issue 52: ~3 µs a call, tools/bench/wrapper_cost.py)."""
+def test_the_slot_stands_in_the_composed_call_only_inside_a_ddp_forward(monkeypatch):
+    """Outside one (no DDP, eval) the slot stays out of the composed call: its check would find no DDP at every call
+    (issue 52: tools/bench/wrapper_cost.py).  The state is asked at every read (a C call, no Python frame) and the
+    composition follows it; inside a DDP forward that does not search (static_graph, no_sync) the wrapper itself
+    hands the call on unchanged (test_outside_a_searching_ddp_the_call_is_unchanged)."""
     import types
 
     from torch.nn.parallel import DistributedDataParallel
 
-    raw = functools.partial(checkpoint, use_reentrant=True)
-    assert patch.serves(raw) is False and patch.settled(raw) is False  # asked again at every read
+    from hotfix.checkpointing.slot import ATTRIBUTE, CheckpointFunctionSlot
+
+    class Layer(nn.Module):
+        pass
+
+    def tagged(wrapped, instance, args, kwargs):
+        return ("ddp slot", wrapped(*args, **kwargs))
+
+    raw = functools.partial(max, 0)
+    assert patch.serves(raw) is True and patch.settled(raw) is True  # nothing about the function changes its answer
+    Layer._gradient_checkpointing_func = CheckpointFunctionSlot(Layer, tagged, lambda: False, rank=1,
+                                                                active=patch.acting_while())
+    layer = Layer()
+    layer._gradient_checkpointing_func = raw
+    monkeypatch.setattr(DistributedDataParallel, "_active_ddp_module", None, raising=False)
+    assert getattr(layer, ATTRIBUTE) is raw  # outside a DDP forward: the stored function itself
     searching = types.SimpleNamespace(find_unused_parameters=True, static_graph=False, require_backward_grad_sync=True)
-    monkeypatch.setattr(DistributedDataParallel, "_active_ddp_module", searching, raising=False)
-    assert patch.serves(raw) is True
-    searching.static_graph = True
-    assert patch.serves(raw) is False
+    monkeypatch.setattr(DistributedDataParallel, "_active_ddp_module", searching)
+    assert getattr(layer, ATTRIBUTE)(5) == ("ddp slot", 5)
+    monkeypatch.setattr(DistributedDataParallel, "_active_ddp_module", None)
+    assert getattr(layer, ATTRIBUTE) is raw

@@ -90,8 +90,6 @@ def test_a_slot_fix_steps_aside_for_axolotls_wrapper_unless_axolotls_fix_replace
     the fix put in its place, and through any other function, it acts."""
     module, fork = _axolotl_module(), axolotl_offload_checkpoint.AxolotlOffloadCheckpoint()
     fix = slot_fix()
-    if fix.name == "transformers-ddp-find-unused":  # it serves inside a searching DDP forward only: as if in one
-        fix._searching = lambda: "a DDP forward searching for unused parameters"
     original = functools.partial(module.hf_grad_checkpoint_offload_wrapper, use_reentrant=True)
     relations.bind({fix.name: fix, fork.name: fork})
     assert not fix.serves(original)  # loaded, not applied
