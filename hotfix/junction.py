@@ -28,12 +28,14 @@ import wrapt
 Hook = Callable[[Any, Any, tuple, dict], Any]
 
 
-def _with_idle_path(chain: Hook, idles: Tuple[Callable[[Any, tuple, dict], bool], ...]) -> Hook:
-    """``chain``, unless every hook says it would hand this call on as it is (``hook.idle(instance, args, kwargs)``):
-    then the original, called once, with no hook's frame in between (the common call: no DDP, no
-    ``preserve_rng_state=False``, no router; ~2 µs a hook otherwise, tools/bench/wrapper_cost.py)."""
+def _with_idle_path(chains: Tuple[Hook, ...], idles: Tuple[Callable[[Any, tuple, dict], bool], ...]) -> Hook:
+    """The chain from the first hook that would not hand this call on as it is (``hook.idle(instance, args, kwargs)``),
+    outermost first; where every hook would, the original, called once, with no hook's frame in between (the common
+    call: no DDP, no ``preserve_rng_state=False``, no router; ~2 µs a hook otherwise, tools/bench/wrapper_cost.py).
+    ``chains[i]``: the hooks from the i-th inward.  Only the outer idle hooks are left out: an inner one is asked again
+    by the chain, about the call as the hooks before it changed it."""
     def run(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-        for idle in idles:
+        for idle, chain in zip(idles, chains):
             if not idle(instance, args, kwargs):
                 return chain(wrapped, instance, args, kwargs)
         return wrapped(*args, **kwargs)
@@ -57,12 +59,14 @@ class Junction(wrapt.FunctionWrapper):
 
     def __init__(self, original: Any, hooks: Tuple[Tuple[str, Hook], ...], before: Any = _ABSENT,
                  previous: Optional["Junction"] = None) -> None:
-        chain = hooks[-1][1]
+        chains = [hooks[-1][1]]  # the hooks from each one inward, innermost first
         for _, hook in reversed(hooks[:-1]):
-            chain = _chained(hook, chain)
+            chains.append(_chained(hook, chains[-1]))
+        chains.reverse()
+        chain = chains[0]
         idles = tuple(getattr(hook, "idle", None) for _, hook in hooks)
         if all(idle is not None for idle in idles):
-            chain = _with_idle_path(chain, idles)
+            chain = _with_idle_path(tuple(chains), idles)
         super().__init__(original, chain)
         # wrapt keeps ``_self_`` attributes on the proxy, not on what it wraps
         self._self_hooks, self._self_before, self._self_previous = hooks, before, previous

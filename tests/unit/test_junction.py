@@ -128,6 +128,41 @@ def test_where_every_hook_is_idle_the_original_runs_with_no_hook_in_between():
         assert inner.revert() and outer.revert() and "apply" not in Subclass.__dict__
 
 
+def _asking(label, seen, idle, change=None):
+    """A hook that says what it did: handed the call on (where ``idle``) or acted (``change`` applied to the args)."""
+    def hook(wrapped, instance, args, kwargs):
+        if idle(instance, args, kwargs):
+            seen.append((label, "handed on"))
+            return wrapped(*args, **kwargs)
+        seen.append((label, "acted"))
+        return (label, wrapped(*(change(args) if change else args), **kwargs))
+
+    hook.idle = idle
+    return hook
+
+
+def test_the_outer_hooks_idle_for_a_call_are_left_out_and_an_inner_one_is_asked_about_the_call_as_changed():
+    """The junction asks each hook's ``idle`` outermost first and runs the chain from the first that would act: the
+    idle ones outside it add no frame (with a router found, every call runs moe-routing-replay's hook, innermost,
+    while the DDP and RNG hooks outside it have nothing to do).  A hook inside the first acting one is asked again
+    by the chain, about the call as that one changed it."""
+    outer, inner = _fix(relations.JOIN_ORDER[0]), _fix(relations.JOIN_ORDER[-1])
+    seen = []
+    # outer: acts on a call whose first input is not 0, and sets its flag False; inner: acts where the flag is False
+    outer.join(Subclass, "apply", _asking("outer", seen, lambda i, args, k: args[2] == 0,
+                                          lambda args: (args[0], False, *args[2:])))
+    inner.join(Subclass, "apply", _asking("inner", seen, lambda i, args, k: args[1] is True))
+    try:
+        assert Subclass.apply(lambda x: x + 1, False, 0) == ("inner", ("Subclass", 1))
+        assert seen == [("inner", "acted")]  # the outer hook, idle for this call, did not run at all
+        seen.clear()
+        # the inner hook is idle for the call as made, not for the call as the outer hook changed it: asked again
+        assert Subclass.apply(lambda x: x + 1, True, 1) == ("outer", ("inner", ("Subclass", 2)))
+        assert seen == [("outer", "acted"), ("inner", "acted")]
+    finally:
+        assert inner.revert() and outer.revert() and "apply" not in Subclass.__dict__
+
+
 def test_a_hook_without_idle_keeps_the_chain_for_every_call():
     first, other = _fix(relations.JOIN_ORDER[0]), _fix("zz-third-party")
     seen = []
