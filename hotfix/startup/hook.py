@@ -16,6 +16,8 @@ from hotfix.startup.files import BOOT_MODULE
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE = os.path.join(_HERE, "boot.py")
+#: the folder holding this package (site-packages; an editable install's source root), as Python found it
+HOME = os.path.dirname(os.path.dirname(_HERE))
 
 
 def _is_this_installations(module) -> bool:
@@ -25,8 +27,7 @@ def _is_this_installations(module) -> bool:
     if not where:
         return False
     where = os.path.realpath(where)
-    home = os.path.dirname(os.path.dirname(os.path.realpath(_HERE)))
-    return where == os.path.realpath(SOURCE) or where == os.path.join(home, BOOT_MODULE + ".py")
+    return where == os.path.realpath(SOURCE) or where == os.path.realpath(os.path.join(HOME, BOOT_MODULE + ".py"))
 
 
 def _load():
@@ -51,7 +52,7 @@ def _complete(boot, home):
 
 
 BOOT = _load()
-_complete(BOOT, os.path.dirname(os.path.dirname(_HERE)))
+_complete(BOOT, HOME)
 # The names the package uses, the hook's own objects (``hotfix.config.TRUE_VALUES is BOOT.TRUE_VALUES``).
 PACKAGE, DISTRIBUTION, TRIGGERS = BOOT.PACKAGE, BOOT.DISTRIBUTION, BOOT.TRIGGERS
 ENTRY_POINT_GROUP, DISABLE_VAR, TRUE_VALUES = BOOT.ENTRY_POINT_GROUP, BOOT.DISABLE_VAR, BOOT.TRUE_VALUES
