@@ -172,12 +172,12 @@ def _calls(code: types.CodeType) -> Iterator[str]:
         previous = instruction
 
 
-def _helpers(function: types.FunctionType) -> List[types.FunctionType]:
-    """The module-level functions ``function`` calls by name (its globals'), one level deep: a routing helper beside
-    a forward (unsloth-zoo's temporary patches replace an MoE block's ``forward`` with one that routes in a helper of
-    their module, ``_route_softmax_topk(self, ...)``)."""
+def _helpers(function: types.FunctionType, codes: List[types.CodeType]) -> List[types.FunctionType]:
+    """The module-level functions ``function`` (whose code objects are ``codes``) calls by name (its globals'), one
+    level deep: a routing helper beside a forward (unsloth-zoo's temporary patches replace an MoE block's ``forward``
+    with one that routes in a helper of their module, ``_route_softmax_topk(self, ...)``)."""
     namespace, found = function.__globals__, []
-    for code in code_objects(function):
+    for code in codes:
         for name in code.co_names:
             helper = namespace.get(name)
             if isinstance(helper, types.FunctionType) and helper is not function and helper not in found \
@@ -204,8 +204,9 @@ def topk_sites(cls: type) -> List[Tuple[type, str, Any, str]]:
             function = inspect.unwrap(getattr(member, "__func__", member))
             if not isinstance(function, types.FunctionType):
                 continue
-            for candidate in (function, *_helpers(function)):
-                codes = list(code_objects(candidate))
+            own = list(code_objects(function))
+            for candidate in (function, *_helpers(function, own)):
+                codes = own if candidate is function else list(code_objects(candidate))
                 if not any("topk" in code.co_names for code in codes):
                     continue
                 for how in sorted({how for code in codes for how in _calls(code)}):
