@@ -13,6 +13,11 @@ activates): 1-3 threads start importing modules picked at random, the main
 thread sleeps a random 0-4 ms and imports transformers.  A trial that does not
 finish within its timeout is a hang.
 
+Sizes (tests/support/statistical_size.py): 50 trials where the start-up code changed since its last full run
+(or ``HOTFIX_FULL_SIZE=1``), else 20: the 10 exact reproductions (before the fix it hung in 20 of 20 runs, so 10
+passing is the failing-without proof) and one trial per contending module (each randomized trial's first module
+goes round the list), every module exercised either way.
+
 Each trial imports ``importlib`` before its threads start.  Python 3.11-3.13 has
 its own race (CPython gh-130094, fixed in 3.14): while one thread initializes
 the package ``importlib``, another importing ``importlib.machinery`` (``inspect``
@@ -28,8 +33,13 @@ import random
 from concurrent.futures import ThreadPoolExecutor
 
 from conftest import run_python
+from support.statistical_size import record_full_run, size_of
 
-TRIALS = 50  # 10 are the exact reproduction (it hung 20/20 before the fix); 50 cover every module
+#: trials: 10 are the exact reproduction (it hung 20/20 before the fix), the rest randomized, each module at least once
+FULL_TRIALS, CI_TRIALS = 50, 20
+#: the code whose change calls for the full size: the start-up hook and its second half
+GUARDS = ("hotfix/startup/*.py",)
+TEST = "e2e/test_startup_concurrency.py"
 TIMEOUT_S = 90
 
 # Modules whose import contends with hotfix's own activation imports (re,
@@ -61,7 +71,9 @@ def _trial(seed: int):
     rng = random.Random(seed)
     population = list(MODULES)
     weights = [MODULES[name] for name in population]
-    names = sorted(set(rng.choices(population, weights, k=rng.randint(1, 3))))
+    # the first module goes round the list (every module in any 10 consecutive trials), the others at random
+    first = population[seed % len(population)]
+    names = sorted({first, *rng.choices(population, weights, k=rng.randint(0, 2))})
     if seed < 10:
         names = ["importlib.metadata"]  # the reported reproduction, exactly
     try:
@@ -75,11 +87,15 @@ def _trial(seed: int):
 
 
 def test_first_transformers_import_never_hangs_with_concurrent_imports():
-    """50 randomized trials (10 of them the exact reported reproduction): every
+    """50 (CI: 20) trials, 10 of them the exact reported reproduction: every
     one finishes, with hotfix active and every background import done."""
+    size = size_of(TEST, CI_TRIALS, FULL_TRIALS, GUARDS)
+    print(f"{size.trials} trials: {size.why}")
     with ThreadPoolExecutor(4) as pool:
-        results = list(pool.map(_trial, range(TRIALS)))
+        results = list(pool.map(_trial, range(size.trials)))
     failures = [r for r in results if r[2] is not None]
     assert failures == [], failures[:5]
     covered = {name for _, names, _ in results for name in names}
     assert covered == set(MODULES), covered  # every contending module was exercised
+    if size.full:
+        record_full_run(TEST, GUARDS)
