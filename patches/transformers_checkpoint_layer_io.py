@@ -78,7 +78,9 @@ def checkpoint_with_lifted_inputs(fix: CheckpointFunctionFix) -> Callable:
                     function, inputs = anchored(function, inputs, first=True)
         outputs = FlatOutputs(function, writes, notice=None if unused_claimed else notice_unused_outputs)
         result = wrapped(outputs, *inputs, **kwargs)
-        if type(result) is not tensor:  # one tensor back (the usual layer): no outputs to watch, nothing nested
+        # one tensor back from a layer that nests nothing (the usual call): no outputs to watch, nothing to rebuild
+        # (a nested output comes back as a tuple, or bare from a checkpoint that unwraps a tuple of one: rebuilt)
+        if type(result) is not tensor or outputs.nested:
             outputs.watch_unused(result)
             if outputs.nested:
                 fix.repaired("tensors nested in a layer's output or stored into a shared mapping became checkpoint "

@@ -211,3 +211,32 @@ def test_the_unused_output_notice_only_where_a_parameter_would_have_had_zeros():
     shared = TwoStreams()
     elsewhere = lambda out: out[0].sum() + sum(p.sum() for p in shared.layout.parameters())  # noqa: E731
     assert _notices_after_backward(shared, x, x * 2, use=elsewhere) == 0
+
+
+def test_a_nested_output_comes_back_whole_from_a_checkpoint_that_unwraps_a_tuple_of_one():
+    """The lifting wrapper leaves a lone tensor as the checkpoint returned it, except where the layer's output was
+    nested: DeepSpeed's checkpoint returns the flat tuple of one bare (deepspeed-checkpoint-layer-io opted out), and
+    the layer's own structure must still come back around it, connected."""
+    import functools
+
+    import wrapt
+
+    from hotfix.patches.transformers_checkpoint_layer_io import checkpoint_with_lifted_inputs, patch
+
+    def unwrapping_checkpoint(function, *args, use_reentrant=True):
+        out = checkpoint(function, *args, use_reentrant=use_reentrant)
+        return out[0] if isinstance(out, tuple) and len(out) == 1 else out
+
+    torch.manual_seed(0)
+    layer = Nested("dict")  # {"hidden": h}: one tensor, nested
+    x = torch.randn(2, 4, requires_grad=True)
+    wrapped = wrapt.FunctionWrapper(functools.partial(unwrapping_checkpoint, use_reentrant=True),
+                                    checkpoint_with_lifted_inputs(patch))
+    result = wrapped(layer, x)
+    assert isinstance(result, dict) and result["hidden"].grad_fn is not None
+    result["hidden"].sum().backward()
+    reference = Nested("dict")
+    reference.load_state_dict(layer.state_dict())
+    x2 = x.detach().clone().requires_grad_(True)
+    reference(x2)["hidden"].sum().backward()
+    assert torch.allclose(layer.lin.weight.grad, reference.lin.weight.grad) and torch.allclose(x.grad, x2.grad)
