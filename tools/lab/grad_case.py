@@ -1,12 +1,12 @@
 """Run gradient-equivalence cases in this interpreter; one JSON line per case.
 
-    python grad_case.py [--default-checkpointing] [--function unsloth] CASE [CASE ...]
+    python grad_case.py [--default-checkpointing] [--function unsloth] CASE[@default] [CASE ...]
 
 For each case (tools/lab/tiny_models.py's BUILDERS) hotfix's
 comparison engine (``check_model``) runs one step without checkpointing and one
 with it (explicit ``use_reentrant=True``, or ``gradient_checkpointing_enable()``
-with ``--default-checkpointing``) and compares every parameter gradient at 1e-6
-relative.  ``--function unsloth``: unsloth-zoo's ``UnslothCheckpointFunction`` (the release on
+with ``--default-checkpointing``, or for one case written ``CASE@default``) and compares every
+parameter gradient at 1e-6 relative.  ``--function unsloth``: unsloth-zoo's ``UnslothCheckpointFunction`` (the release on
 PYTHONPATH, loaded on CPU by zoo_loader) swapped in for torch's reentrant one first, as unsloth does.  A loss cut off the graph fails in ``backward()``, as in a training
 script.  The engine's guard stops a runaway step (WavLM unpatched grows without
 bound): the case reports ``guard``, or, stuck inside one call, the process
@@ -68,8 +68,10 @@ def main(argv):
 
         install_unsloth_swap(load_release())
         argv = argv[2:]
-    for case in argv:
-        print(json.dumps(run(case, mode)), flush=True)
+    for token in argv:  # CASE@default: that case through gradient_checkpointing_enable()'s default, in this child
+        case, _, default = token.partition("@")
+        result = run(case, "default" if default == "default" else mode)
+        print(json.dumps(dict(result, case=token)), flush=True)
     return 0
 
 
