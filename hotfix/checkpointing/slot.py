@@ -71,18 +71,15 @@ def slots_on(cls: type) -> Tuple["CheckpointFunctionSlot", ...]:
     return tuple(sorted(found, key=lambda s: (s.rank, s.fix)))
 
 
-def _standing(cls: type) -> tuple:
-    """What decides ``slots_on(cls)``: the entry for ``ATTRIBUTE`` of each class of its MRO (slots never change
-    their ``displaced`` once made), compared by identity."""
-    return tuple([klass.__dict__.get(ATTRIBUTE) for klass in cls.__mro__])
-
-
 class _Composed(NamedTuple):
     """The wrapper a class's reads of ``raw`` hand out, and what it was made from."""
 
     raw: Any
+    # What decides ``slots_on(cls)``: ``entries``, the ``__dict__.get`` of each class of its MRO (bound once: no
+    # mappingproxy per class at each read), and ``standing``, what each returned for ``ATTRIBUTE`` then (slots never
+    # change their ``displaced`` once made), compared by identity.
+    entries: tuple
     standing: tuple
-    entries: tuple  # the ``__dict__.get`` of each class of the MRO (``_standing`` without a mappingproxy per class)
     states: Tuple[Tuple[Callable[[], Any], bool], ...]  # (a slot's ``active``, whether it answered other than None)
     unsettled: Tuple[Tuple["CheckpointFunctionSlot", bool], ...]  # (slot, its serves(raw) then) where it may change
     wrapper: Any
@@ -197,7 +194,8 @@ class CheckpointFunctionSlot(property):
                 states.append((slot.active, now))
             if serves and now:
                 wrapper = wrapt.FunctionWrapper(wrapper, slot.wrapper)
-        composed = _Composed(raw, _standing(cls), tuple(klass.__dict__.get for klass in cls.__mro__), tuple(states),
+        entries = tuple(klass.__dict__.get for klass in cls.__mro__)
+        composed = _Composed(raw, entries, tuple(entry(ATTRIBUTE) for entry in entries), tuple(states),
                              tuple(unsettled), wrapper)
         self._composed[cls] = composed
         return composed

@@ -19,6 +19,8 @@ import os
 from pathlib import Path
 from typing import NamedTuple, Sequence
 
+from hotfix.config import TRUE_VALUES  # HOTFIX_* switches read as hotfix reads them
+
 REPO = Path(__file__).resolve().parents[2]
 RUNS = Path(__file__).with_name("full_size_runs.json")
 FULL_VAR = "HOTFIX_FULL_SIZE"
@@ -48,7 +50,7 @@ def _runs() -> dict:
 
 def size_of(test: str, ci: int, full: int, guards: Sequence[str]) -> Size:
     """How many trials ``test`` runs here, and why."""
-    if os.environ.get(FULL_VAR, "").strip().lower() in ("1", "true", "yes", "on"):
+    if os.environ.get(FULL_VAR, "").strip().lower() in TRUE_VALUES:
         return Size(full, True, f"{FULL_VAR} asks for the full size")
     if _runs().get(test) != digest(guards):
         return Size(full, True, "the code it guards changed since its last full run (tests/support/full_size_runs.json)")

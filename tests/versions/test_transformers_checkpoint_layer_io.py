@@ -72,8 +72,8 @@ def _cases(version):
     return cases
 
 
-def _run_cases(version, disabled, cases=CASES):
-    args = [str(LAB / "grad_case.py")] + list(cases)
+def _run_cases(version, disabled):
+    args = [str(LAB / "grad_case.py")] + _cases(version)
     # WavLM upstream grows without bound (each layer's recomputation re-walks position_bias's history); a
     # tiny model's step grows by a few MiB, so 256 MiB stops the runaway in ~15 s instead of ~90 s.  One thread:
     # the upstream and the hotfix child of a release run side by side (_both), one core each.
@@ -91,7 +91,7 @@ def _both(version):
     """(upstream, with hotfix): the two children of one release, run at once; once per release for every test of
     this file (pytest-xdist's loadfile keeps a file's tests in one worker)."""
     with ThreadPoolExecutor(2) as pool:
-        return tuple(pool.map(lambda disabled: _run_cases(version, disabled, _cases(version)), (True, False)))
+        return tuple(pool.map(lambda disabled: _run_cases(version, disabled), (True, False)))
 
 
 def _outcome(result):
