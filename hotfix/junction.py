@@ -1,6 +1,6 @@
 """One wrapper where several fixes wrap the same attribute, their hooks run in a declared order.
 
-Three fixes wrap torch's ``CheckpointFunction.apply``, two its non-reentrant generator, three unsloth-zoo's
+Three fixes wrap torch's ``CheckpointFunction.apply``, three its non-reentrant generator, three unsloth-zoo's
 ``UnslothCheckpointFunction.apply``.  Stacked as one wrapt ``FunctionWrapper`` each, every call bound every
 layer again (three on a classmethod: 7.07 µs a call against 1.26 µs for one junction running the same three hooks,
 docs/performance.md) and the order was the order the fixes happened to apply in.

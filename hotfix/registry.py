@@ -36,6 +36,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from hotfix.config import DISABLED_PATCHES_VAR, Settings, normalize_patch_name, read_settings
 from hotfix import relations
 from hotfix.startup import post_import, reload_watch
+from hotfix.startup.hook import stop_watching_torch
 from hotfix.notice import attach_stderr_handler
 from hotfix.patch import Patch
 from hotfix.startup.hook import DISTRIBUTION, ENTRY_POINT_GROUP, is_third_party
@@ -204,6 +205,7 @@ class Registry:
             self._check_opt_out_names(patches)
             relations.bind(patches)  # what each fix relies on in the others, read once
             self.active = True
+            stop_watching_torch()  # before any fix attaches to torch's objects
             logger.info("hotfix: active in this process (pid %d): %d fixes, each applied when its target is imported "
                         "(`import hotfix_state; print(hotfix_state.report())` says which)", os.getpid(), len(patches))
             for key, patch in patches.items():

@@ -31,6 +31,7 @@ SLOT_ORDER: Tuple[str, ...] = (
 #: non-reentrant generator, unsloth-zoo's ``UnslothCheckpointFunction.apply``, DeepSpeed's ``CheckpointFunction.apply``),
 #: outermost first: each hands the next the call as it changed it.  A fix not named here joins innermost.
 JOIN_ORDER: Tuple[str, ...] = (
+    "torch-compile-recompute-graph",  # outermost: settles Dynamo's graph order before anything in the call compiles
     "unsloth-zoo-closure-tensors",  # lifts the tensors unsloth's partial hides: the others see them as inputs
     "torch-ddp-find-unused",  # adds the trainable parameters the function uses as its last inputs
     "torch-checkpoint-rng-state",  # asks torch to stash the generators; probes the function's first call

@@ -22,8 +22,9 @@ import _thread
 
 if False:  # never runs (compiled away): the boot module's names this file uses, for readers and linters; at run time
     # this file runs in that module's namespace (module docstring), and they are there (tests/unit/test_state_constants.py)
-    from hotfix.startup.boot import (DDP_CLASS, DDP_MODULE, DISTRIBUTION, ENTRY_POINT_GROUP, MARKER, OWN_IMPORTS,  # noqa
-                                     PACKAGE, REINSTALL, STANDARD_LIBRARY, STARTUP_NAMES, TRIGGERS, WATCHED, _say)
+    from hotfix.startup.boot import (CHECKPOINT_GENERATOR, CHECKPOINT_MODULE, DDP_CLASS, DDP_MODULE,  # noqa
+                                     DISTRIBUTION, ENTRY_POINT_GROUP, MARKER, OWN_IMPORTS, PACKAGE, REINSTALL,
+                                     STANDARD_LIBRARY, STARTUP_NAMES, TRIGGERS, WATCHED, _say)
 
 
 class LoaderProxy:
@@ -107,15 +108,16 @@ class _ActivateAroundExec(LoaderProxy):
         self._finder.activate_when_possible()
 
 
-class _WatchDdpAfterExec(LoaderProxy):
-    """Loader proxy of torch's import (no trigger imported yet): once torch ran, watch its DDP (``WATCHED``)."""
+class _WatchTorchAfterExec(LoaderProxy):
+    """Loader proxy of torch's import (no trigger imported yet): once torch ran, watch its DDP and its non-reentrant
+    checkpoint (``WATCHED``)."""
 
     def __init__(self, loader, finder):
         super().__init__(loader)
         self._finder = finder
 
     def after(self, module):
-        self._finder.watch_ddp()
+        self._finder.watch_torch()
 
 
 class ActivateOnFirstImport:
@@ -144,7 +146,7 @@ class ActivateOnFirstImport:
         self._searching = set()  # thread ids inside our own find_spec (finders may recurse)
         self._third_party = None  # unknown until the first top-level import outside the standard library
         self._once = _thread.allocate_lock()  # two threads' first imports (transformers, unsloth) activate once
-        self._ddp_watch = None  # (DDP class, its __init__, the watch standing in its place) while watching
+        self._watches = ()  # (owner, name, torch's object, the watch standing in its place), while watching
 
     def find_spec(self, fullname, path=None, target=None):
         if self.finished or target is not None or path is not None:
@@ -155,7 +157,7 @@ class ActivateOnFirstImport:
             self._notice_bypass()
         if fullname == WATCHED and not self.due and not self._third_party_fixes_installed():
             # (with third-party fixes torch's import carries the activation itself, below)
-            return self._spec_behind(fullname, lambda loader: _WatchDdpAfterExec(loader, self))
+            return self._spec_behind(fullname, lambda loader: _WatchTorchAfterExec(loader, self))
         if fullname not in TRIGGERS and not self.due and (
                 fullname in STARTUP_NAMES or fullname in STANDARD_LIBRARY or not self._third_party_fixes_installed()):
             return None
@@ -178,33 +180,54 @@ class ActivateOnFirstImport:
         spec.loader = proxy(spec.loader)
         return spec
 
-    def watch_ddp(self):
-        """Put the watch on torch's DDP ``__init__`` (module comment at ``WATCHED``); never raises."""
+    def watch_torch(self):
+        """Put the watches on torch's DDP ``__init__`` and its non-reentrant checkpoint generator (the module comment
+        at ``WATCHED``); never raises.  Each is a plain function in the original's place: its first call takes every
+        watch away, activates hotfix, and calls what stands there then (a fix's wrapper, where one applied)."""
+        if self.finished or self._watches:
+            return
+        finder = self
+
+        def activate_on_call():
+            finder.unwatch_torch()  # torch's own objects back in place before hotfix applies its fixes
+            finder.activate_when_possible()
+
+        watches = []
         try:
             ddp = getattr(sys.modules.get(DDP_MODULE), DDP_CLASS, None)
             original = ddp.__dict__.get("__init__") if isinstance(ddp, type) else None
-            if self.finished or original is None or self._ddp_watch is not None:
-                return
-            finder = self
+            if original is not None:
+                def __init__(instance, *args, **kwargs):
+                    activate_on_call()
+                    return ddp.__init__(instance, *args, **kwargs)
 
-            def __init__(instance, *args, **kwargs):
-                finder.unwatch_ddp()  # torch's own __init__ back on the class before hotfix applies its fixes
-                finder.activate_when_possible()
-                return ddp.__init__(instance, *args, **kwargs)
+                __init__.__wrapped__ = original
+                watches.append((ddp, "__init__", original, __init__))
+            checkpoint = sys.modules.get(CHECKPOINT_MODULE)
+            generator = getattr(checkpoint, "__dict__", {}).get(CHECKPOINT_GENERATOR)
+            if callable(generator):
+                def first_non_reentrant_checkpoint(*args, **kwargs):
+                    activate_on_call()
+                    return checkpoint.__dict__[CHECKPOINT_GENERATOR](*args, **kwargs)
 
-            __init__.__wrapped__ = original
-            self._ddp_watch = (ddp, original, __init__)
-            ddp.__init__ = __init__
+                first_non_reentrant_checkpoint.__wrapped__ = generator
+                watches.append((checkpoint, CHECKPOINT_GENERATOR, generator, first_non_reentrant_checkpoint))
+            for owner, name, _, installed in watches:
+                setattr(owner, name, installed)
         except Exception as exc:  # never break torch's import
-            _say("could not watch torch's DistributedDataParallel (%r); a torch-only script needs `import hotfix`"
-                 % (exc,))
+            for owner, name, original, installed in watches:
+                if owner.__dict__.get(name) is installed:
+                    setattr(owner, name, original)
+            _say("could not watch torch's DistributedDataParallel and checkpoint (%r); a torch-only script needs "
+                 "`import hotfix`" % (exc,))
+            return
+        self._watches = tuple(watches)
 
-    def unwatch_ddp(self):
-        watch, self._ddp_watch = self._ddp_watch, None
-        if watch is not None:
-            ddp, original, installed = watch
-            if ddp.__dict__.get("__init__") is installed:
-                ddp.__init__ = original
+    def unwatch_torch(self):
+        watches, self._watches = self._watches, ()
+        for owner, name, original, installed in watches:
+            if owner.__dict__.get(name) is installed:
+                setattr(owner, name, original)
 
     def _notice_bypass(self):
         """A trigger in sys.modules whose code did not run under this finder's loader was loaded past it:
@@ -271,7 +294,7 @@ class ActivateOnFirstImport:
             if self.finished:
                 return
             self.finished = True
-        self.unwatch_ddp()
+        self.unwatch_torch()
         try:
             loaded = load_hotfix(self.home)
             if loaded and self.bypassed:

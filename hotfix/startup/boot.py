@@ -22,13 +22,17 @@ import _thread
 # for a module already loaded.
 TRIGGERS = frozenset({"transformers", "unsloth", "unsloth_zoo"})
 
-# A torch-only script (a plain module, a Hub model's own code, timm, diffusers' UNet calling torch's reentrant
-# checkpoint under DDP(find_unused_parameters=True)) imports no trigger.  Activating at `import torch` would cost every
-# torch process hotfix's import; so after torch's import the start-up hook only puts a watch on this class's
-# __init__ (a plain function, no import): the first DDP built activates hotfix, and the watch goes (it goes too where a
-# trigger activates first), leaving torch's own __init__ in place.
+# A torch-only script imports no trigger: a plain module, a Hub model's own code, timm, diffusers' UNet calling torch's
+# reentrant checkpoint under DDP(find_unused_parameters=True); torchtitan- or torchtune-style training (FSDP2, torch's
+# non-reentrant checkpoint with preserve_rng_state=False, compiled submodules).  Activating at `import torch` would
+# cost every torch process hotfix's import; so after torch's import the start-up hook only puts watches (plain
+# functions, no import) on DDP's __init__ and on the generator every non-reentrant checkpoint call runs (looked up as a
+# module global at each call): the first DDP built or non-reentrant checkpoint run activates hotfix, and the watches go
+# (they go too where a trigger activates first), leaving torch's own objects in place.
 WATCHED = "torch"
 DDP_MODULE, DDP_CLASS = "torch.nn.parallel.distributed", "DistributedDataParallel"
+#: torch's checkpoint module and the generator its non-reentrant calls run (hotfix.checkpointing.torch_checkpoint's too)
+CHECKPOINT_MODULE, CHECKPOINT_GENERATOR = "torch.utils.checkpoint", "_checkpoint_without_reentrant_generator"
 
 # Third-party fixes declare themselves in this entry-point group; their targets
 # are only known once their module is imported, which the start-up hook cannot

@@ -57,3 +57,12 @@ _complete(BOOT, HOME)
 PACKAGE, DISTRIBUTION, TRIGGERS = BOOT.PACKAGE, BOOT.DISTRIBUTION, BOOT.TRIGGERS
 ENTRY_POINT_GROUP, DISABLE_VAR, TRUE_VALUES = BOOT.ENTRY_POINT_GROUP, BOOT.DISABLE_VAR, BOOT.TRUE_VALUES
 LoaderProxy, spec_behind, wrappable, is_third_party = BOOT.LoaderProxy, BOOT.spec_behind, BOOT.wrappable, BOOT.is_third_party
+CHECKPOINT_MODULE, CHECKPOINT_GENERATOR = BOOT.CHECKPOINT_MODULE, BOOT.CHECKPOINT_GENERATOR
+
+
+def stop_watching_torch() -> None:
+    """Take the start-up finder's watches off torch's objects (``boot.WATCHED``): hotfix activates, however it came
+    to (``import hotfix`` after torch, a trigger), and its fixes attach to torch's own objects, never to a watch."""
+    for finder in list(sys.meta_path):
+        if type(finder).__name__ == BOOT.ActivateOnFirstImport.__name__ and hasattr(finder, "unwatch_torch"):
+            finder.unwatch_torch()

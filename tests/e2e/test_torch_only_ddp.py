@@ -104,7 +104,7 @@ def test_the_watch_leaves_torch_alone_until_a_ddp_is_built_and_then_goes():
              "import transformers; print(watched, '|', D.__init__.__qualname__, '|', 'hotfix' in sys.modules)")
     proc = run_python(["-c", probe], timeout=120)
     watched, after, active = (part.strip() for part in proc.stdout.strip().split("|"))
-    assert watched.endswith("watch_ddp.<locals>.__init__"), proc.stdout + proc.stderr
+    assert watched.endswith("watch_torch.<locals>.__init__"), proc.stdout + proc.stderr
     assert after == "DistributedDataParallel.__init__" and active == "True", proc.stdout  # a trigger: watch gone
     plain = run_python(["-c", "import sys, torch; print('hotfix' in sys.modules)"], timeout=120)
     assert plain.stdout.strip() == "False"  # importing torch activates nothing

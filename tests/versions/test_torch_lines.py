@@ -74,3 +74,22 @@ def test_compiled_model_beside_another_checkpointing_model_trains_with_equal_gra
     assert out["status"] == "equal", out  # 2.7 before the property slot: crash (guard check)
     assert [step["missing"] for step in out["steps"]] == [0, 0], out
     assert out["recompiles"] == 0, out  # hotfix's own frames are never compiled on their own (2.7: they were)
+
+
+@pytest.mark.parametrize("torch", TORCH_LINES)
+def test_a_compiled_functions_recomputation_runs_its_forwards_graph_from_torch_2_10(torch):
+    """torch-compile-recompute-graph on the side lines (tools/lab/compile_graph_order.py: a backend numbering its
+    graphs, two non-reentrant checkpointed calls with 3 and 5 rows).  Every line has the mechanism; from 2.10 the fix
+    applies (Dynamo's switch) and the first call's recomputation runs its forward's graph; before it the fix is not
+    applied (declared not reached: `hotfix status` says NOT COVERED) and the recomputation runs the graph compiled
+    last, as upstream."""
+    python = str(matrix_path("torch", torch) / "bin" / "python")
+    proc = run_python([str(LAB / "compile_graph_order.py")], env={"OMP_NUM_THREADS": "1"}, python=python, timeout=300)
+    lines = json_lines(proc.stdout)
+    assert lines, proc.stderr[-3000:]
+    out = lines[-1]
+    assert out["torch"] == torch and out["hotfix_before"] is False, out
+    assert out["upstream"]["recomputation_runs_forwards_graph"] is False, out  # the mechanism, after hotfix.revert()
+    reached = tuple(int(part) for part in torch.split(".")[:2]) >= (2, 10)
+    assert out["applied"] is reached, out
+    assert out["installed"]["recomputation_runs_forwards_graph"] is reached, out

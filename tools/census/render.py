@@ -81,6 +81,8 @@ OTHER_EVIDENCE = {
                           "torch 2.13, with the drift device (no release replays routing)",
     "torch-checkpoint-rng-state": "tests/unit/test_torch_checkpoint_rng_state.py (dropout, both modes), on torch 2.13 "
                                   "alone",
+    "torch-compile-recompute-graph": "tests/unit/test_torch_compile_recompute_graph.py (inductor, non-reentrant), on "
+                                     "torch 2.13 alone",
     "unsloth-zoo-pinned-memory": "tests/versions/test_unsloth_zoo_pinned_memory.py (2025.11.3, 2026.8.9: a CPU torch "
                                  "refuses pinned memory); the range read in the releases' code",
     "deepspeed-checkpoint-layer-io": "DeepSpeed 0.19.8 (tests/e2e/test_deepspeed.py, tests/versions/"
