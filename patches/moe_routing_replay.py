@@ -9,7 +9,8 @@ How this fixes it: every checkpointed call is a region (``hotfix.checkpointing.r
 torch's reentrant ``CheckpointFunction.apply`` and non-reentrant generator (its ``context_fn``), unsloth-zoo's and
 DeepSpeed's functions.  A model whose checkpointing is switched on (transformers' enabler, torch's checkpoint_wrapper)
 has its classes read once; their ``topk`` calls become ``routing.Replay.topk``: recorded in a region's forward,
-replayed in its recomputation with values read from the recomputed scores (the router keeps its gradient).  No drift:
+replayed in its recomputation with values read from the recomputed scores (the router keeps its gradient); a helper
+that samples experts (PhiMoE) is handed the forward's scores' values in the recomputation.  No drift:
 bit-identical to upstream; outside checkpointed calls nothing changes.  One "repaired" line where a compared replay
 differed.  Revert puts every module's ``torch``, method and function back.  docs/fixes/moe-routing-replay.md.
 """
@@ -69,8 +70,8 @@ class MoeRoutingReplay(Patch):
     )
     symptom = ("torch.utils.checkpoint.CheckpointError: A different number of tensors was saved during the original "
                "forward and recomputation (MoE models: Qwen3-MoE, Mixtral, gpt-oss, DeepSeek), or wrong gradients")
-    details = ("routers found in the model's code (topk) when checkpointing is enabled (transformers' enablers, torch's "
-               "checkpoint_wrapper); the forward's choice replayed in the recomputation")
+    details = ("routers found in the model's code (topk, or a helper sampling experts) when checkpointing is enabled "
+               "(transformers' enablers, torch's checkpoint_wrapper); the forward's choice replayed in the recomputation")
     upstream = "huggingface/transformers#47467 (fix PR #47508 closed unmerged); pytorch/pytorch#171355"
 
     def __init__(self) -> None:
@@ -91,16 +92,18 @@ class MoeRoutingReplay(Patch):
                               "router's scores drifted); the forward's routing was replayed",
                               call="an MoE router's top-k in a checkpointed call")
 
-            def mismatch(reason: str) -> None:
-                self.warn_once(reason, f"{reason}: that decision was made again, as upstream makes it")
-
-            replay = Replay(torch.topk, torch.compiler.is_compiling, repaired, mismatch)
+            replay = Replay(torch.topk, torch.compiler.is_compiling, repaired, self._mismatch)
             self._parts[:] = [replay, RoutingTorch(torch, replay), topk_mode(replay)]
         return tuple(self._parts)
 
+    def _mismatch(self, reason: str) -> None:
+        self.warn_once(reason, f"{reason}: that decision was made again, as upstream makes it")
+
     def route(self, model: Any) -> None:
-        """Replay the routing of every class ``model`` is made of whose code calls ``topk`` (each class read once)."""
-        from hotfix.checkpointing.routing import TORCH_FUNCTION, defining_module, modules_of, topk_sites
+        """Replay the routing of every class ``model`` is made of whose code calls ``topk``, or a helper that samples
+        experts (each class read once)."""
+        from hotfix.checkpointing.routing import (TORCH_FUNCTION, defining_module, modules_of, sampling_helpers,
+                                                  topk_sites)
 
         for cls in modules_of(model):
             with self._lock:
@@ -112,6 +115,8 @@ class MoeRoutingReplay(Patch):
                     self._route_module(defining_module(function), owner, name)
                 else:
                     self._route_method(owner, name)
+            for owner, name, helper in sampling_helpers(cls):
+                self._route_helper(defining_module(helper), owner, name, helper)
 
     def _route_module(self, module: Any, owner: type, name: str) -> None:
         _, routing_torch, _ = self.parts()
@@ -127,6 +132,21 @@ class MoeRoutingReplay(Patch):
                                             "routing is not replayed")
             return
         self.replace(module, "torch", routing_torch)
+        self.routing = True
+
+    def _route_helper(self, module: Any, owner: type, name: str, helper: Any) -> None:
+        """The module's global ``helper`` (a sampling router, called by ``owner.name``) becomes a ScoresReplay."""
+        present = module.__dict__.get(helper.__name__) if module is not None else None
+        if present is not helper:  # replayed already (that object is ours), or not the global its callers read
+            if not self.installed(present):
+                self.warn_once((owner, name, "helper"), f"{owner.__qualname__}.{name} calls {helper.__name__}, which "
+                                                        "is not its module's global; its routing is not replayed")
+            return
+        import torch
+
+        from hotfix.checkpointing.routing import ScoresReplay
+
+        self.replace(module, helper.__name__, ScoresReplay(helper, torch.compiler.is_compiling, self._mismatch))
         self.routing = True
 
     def _route_method(self, owner: type, name: str) -> None:

@@ -17,12 +17,18 @@ of (:func:`topk_sites`), once per class:
   torch with ``topk`` replaced (every other attribute is torch's own, read on first use);
 - ``scores.topk(...)`` (GraniteMoE, JetMoE, Doge, the sparse-attention indexers): the method that calls it runs,
   inside a region only, under :class:`_TopkMode` (a ``TorchFunctionMode`` that answers ``topk`` alone).
+
+A router that samples its experts instead (PhiMoE's ``sparsemixer``: Gumbel sampling over ``max`` and a relative
+threshold mask) is a module-level helper handed the scores (:func:`sampling_helpers`): it becomes a
+:class:`ScoresReplay`, which hands it, in a recomputation, the forward's scores' values (recorded in the forward),
+the gradient flowing to the recomputed scores unchanged: every choice it makes from them is the forward's.
 """
 
 from __future__ import annotations
 
 import contextvars
 import dis
+import functools
 import inspect
 import sys
 import types
@@ -127,6 +133,57 @@ class ValuesAtIndices(torch.autograd.Function):
         return grad.new_zeros(ctx.shape).scatter(ctx.dim, indices, grad), None, None
 
 
+class ScoresReplay:
+    """A sampling router's helper (``helper(scores, ...)``) inside regions: in a forward the scores it is handed are
+    recorded; in a recomputation it is handed the forward's values instead, as the output of :class:`ForwardValues`
+    (the gradient reaches the recomputed scores unchanged).  Its random draws are the forward's already (the
+    checkpoint restores the generators).  Outside a region and while dynamo traces, the helper as it is.  It cannot
+    tell which recomputation would have chosen otherwise (its rule is the helper's): it says nothing."""
+
+    def __init__(self, helper: Callable, is_compiling: Callable[[], bool], mismatch: Callable[[str], None]) -> None:
+        functools.update_wrapper(self, helper)  # its name, and ``__wrapped__``: what revert reads
+        self._is_compiling = is_compiling
+        self._mismatch = mismatch
+
+    def __call__(self, scores: Any, *args: Any, **kwargs: Any) -> Any:
+        stack = regions()
+        if not stack or not isinstance(scores, torch.Tensor) or self._is_compiling():
+            return self.__wrapped__(scores, *args, **kwargs)
+        recording = stack
+        for position, (region, phase) in enumerate(stack):
+            if phase == RECOMPUTE:  # the outermost recomputation: its forward decided for everything inside it
+                scores = self._replayed(region, scores)
+                recording = stack[position + 1:]
+                break
+        for region, phase in recording:  # regions begun inside this one's forward (or recomputation) keep it too
+            if phase == FORWARD:
+                region.records.append(scores.detach().clone())
+        return self.__wrapped__(scores, *args, **kwargs)
+
+    def _replayed(self, region: Any, scores: Any) -> Any:
+        recorded = region.next_record()
+        if recorded is None:
+            self._mismatch("the recomputation asked for more routing decisions than its forward made")
+            return scores
+        if recorded.shape != scores.shape or recorded.dtype != scores.dtype or recorded.device != scores.device:
+            self._mismatch("a recorded routing decision does not fit the recomputation's scores")
+            return scores
+        return ForwardValues.apply(scores, recorded)
+
+
+class ForwardValues(torch.autograd.Function):
+    """``recorded``'s values in ``scores``' place: the gradient passes to ``scores`` as it comes.  Saves nothing
+    (non-reentrant checkpointing compares what the forward and the recomputation save)."""
+
+    @staticmethod
+    def forward(ctx: Any, scores: Any, recorded: Any) -> Any:
+        return recorded.clone()  # the helper may write into what it is handed; the record stays
+
+    @staticmethod
+    def backward(ctx: Any, grad: Any) -> Any:
+        return grad, None
+
+
 class RoutingTorch(types.ModuleType):
     """The ``torch`` a module's routing code reads: ``topk`` is :meth:`Replay.topk`, every other attribute torch's
     own (looked up on first use, then kept here: a plain attribute read afterwards, as on torch itself)."""
@@ -211,6 +268,35 @@ def topk_sites(cls: type) -> List[Tuple[type, str, Any, str]]:
                     continue
                 for how in sorted({how for code in codes for how in _calls(code)}):
                     found.append((owner, name, candidate, how))
+    return found
+
+
+#: what a helper calls on torch or a tensor to draw random numbers for sampling (Gumbel noise, uniform draws)
+RANDOM_DRAWS = frozenset({"exponential_", "rand_like", "uniform_", "multinomial", "bernoulli", "bernoulli_"})
+
+
+def _attributes(code: types.CodeType) -> set:
+    """The attributes ``code`` reads (``x.max``, ``torch.rand_like``), not the globals it calls (the builtin ``max``)."""
+    return {instruction.argval for instruction in dis.get_instructions(code)
+            if instruction.opname in ("LOAD_ATTR", "LOAD_METHOD")}
+
+
+def sampling_helpers(cls: type) -> List[Tuple[type, str, types.FunctionType]]:
+    """The module-level helpers the methods of ``cls`` (and its bases short of torch's) call by name that choose
+    experts by sampling: their code takes a tensor's ``max`` and draws random numbers through torch (attributes
+    read: not the builtin ``max``, not numpy's ``random.rand``), and never calls ``topk`` (PhiMoE's ``sparsemixer``).  ``(owner, name, helper)``: the method of ``owner`` that calls it."""
+    found = []
+    for owner in cls.__mro__:
+        if _is_torchs(owner.__module__):
+            continue
+        for name, member in vars(owner).items():
+            function = inspect.unwrap(getattr(member, "__func__", member))
+            if not isinstance(function, types.FunctionType):
+                continue
+            for helper in _helpers(function, list(code_objects(function))):
+                read = set().union(*(_attributes(code) for code in code_objects(helper)))
+                if "max" in read and read & RANDOM_DRAWS and "topk" not in read:
+                    found.append((owner, name, helper))
     return found
 
 

@@ -22,7 +22,8 @@ from torch.utils.checkpoint import CheckpointError, checkpoint
 import moe_block
 import moe_cases
 from hotfix.checkpointing.region import FORWARD, RECOMPUTE, Region, RegionCall, regions
-from hotfix.checkpointing.routing import TENSOR_METHOD, TORCH_FUNCTION, Replay, _values_at, topk_sites
+from hotfix.checkpointing.routing import (TENSOR_METHOD, TORCH_FUNCTION, Replay, ScoresReplay, _values_at,
+                                          sampling_helpers, topk_sites)
 from hotfix.diagnostics.compare import collect_grads, compare_grads
 from hotfix.patches.moe_routing_replay import patch
 
@@ -36,7 +37,7 @@ def routing():
     for name in patch.targets:
         if name in sys.modules:
             patch.apply(sys.modules[name])
-    assert moe_block.torch is torch
+    assert moe_block.torch is torch and not isinstance(moe_block.sample_experts, ScoresReplay)
 
 
 def step(model, x, function=None):
@@ -209,3 +210,49 @@ def test_a_helper_of_torch_s_own_is_never_a_site():
             return _torch_helper(scores)
 
     assert topk_sites(Calls) == []
+
+
+def sampling_step(model, x, function=None):
+    torch.manual_seed(7)  # the helper's Gumbel draws: alike in every step (the checkpoint restores them itself)
+    return step(model, x, function)
+
+
+def drifted_sampling_model():
+    model = moe_block.Model(sampling=True)
+    assert moe_cases.tie_and_drift(model, moe_block.EXPERTS, moe_block.TOP_K) == 2
+    return model, torch.randn(3, 5, moe_block.WIDTH, generator=torch.Generator().manual_seed(1)).requires_grad_()
+
+
+def test_a_helper_that_samples_experts_is_found_and_topk_helpers_are_not():
+    assert [(owner, name, helper) for owner, name, helper in sampling_helpers(moe_block.Block)] == [
+        (moe_block.Block, "forward", moe_block.sample_experts)]
+    assert sampling_helpers(moe_block.GroupRouter) == [] and sampling_helpers(moe_block.Model) == []
+
+
+def test_upstream_a_sampling_router_s_recomputation_routes_otherwise():
+    model, x = drifted_sampling_model()
+    reference = sampling_step(model, x)
+    report = compare_grads(reference, sampling_step(model, x, REENTRANT), rtol=1e-4)
+    assert report.wrong or report.missing or report.unexpected, report.summary()
+    with pytest.raises(CheckpointError):
+        sampling_step(model, x, NON_REENTRANT)
+
+
+@pytest.mark.parametrize("function", [REENTRANT, NON_REENTRANT], ids=["reentrant", "non-reentrant"])
+def test_with_the_fix_a_sampling_router_is_handed_its_forward_s_scores(routing, function):
+    model, x = drifted_sampling_model()
+    reference = sampling_step(model, x)
+    routing.route(model)
+    assert isinstance(moe_block.sample_experts, ScoresReplay) and routing.routing
+    report = compare_grads(reference, sampling_step(model, x, function), rtol=1e-4)
+    assert report.ok, report.summary()
+
+
+def test_without_drift_a_sampling_router_s_gradients_are_upstream_s_bit_for_bit(routing):
+    model = moe_block.Model(sampling=True)
+    x = torch.randn(3, 5, moe_block.WIDTH, generator=torch.Generator().manual_seed(1)).requires_grad_()
+    upstream = {mode: sampling_step(model, x, function) for mode, function in (("r", REENTRANT), ("n", NON_REENTRANT))}
+    routing.route(model)
+    for mode, function in (("r", REENTRANT), ("n", NON_REENTRANT)):
+        replayed = sampling_step(model, x, function)
+        assert all(torch.equal(upstream[mode][name], replayed[name]) for name in replayed), mode
