@@ -17,7 +17,7 @@ docs/fixes/torch-ddp-find-unused.md.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 from hotfix import Mechanism, Patch
 from hotfix.checkpointing.code import code_objects
@@ -45,13 +45,27 @@ def torch_function_class(module: Any) -> Any:
     return None
 
 
+class _Bound(NamedTuple):
+    """What the wrapper needs of torch, DDP and dynamo, looked up at its first call."""
+
+    searching_ddp: Callable
+    trainable_slots: Callable
+    with_parameters_as_inputs: Callable
+    modules_maybe_called: Callable
+    is_grad_enabled: Callable
+    is_compiling: Callable
+    unused: Callable
+    anchor_first: Callable
+    active_ddp: Callable
+
+
 def apply_with_visible_parameters(fix: Patch) -> Callable:
     """The wrapt wrapper of ``CheckpointFunction.apply(function, preserve_rng_state, *inputs)``.
 
     Applied while ``import torch`` is still running (torch imports its checkpoint module itself): what the wrapper
     needs of torch, DDP and dynamo is looked up at its first call, by which time that import has finished.
     """
-    bound: list = []  # (searching_ddp, trainable_slots, with_parameters_as_inputs, modules_maybe_called, ...) once known
+    bound: list = []  # the _Bound, once known
 
     def recomputing() -> None:
         fix.repaired("a layer's parameters became checkpoint inputs, seen by DDP's search for unused ones",
@@ -80,16 +94,16 @@ def apply_with_visible_parameters(fix: Patch) -> Callable:
                     return anchored(function, inputs, first=True)
                 return function, inputs
 
-            bound.append((searching_ddp, trainable_slots, with_parameters_as_inputs, modules_maybe_called,
-                          torch.is_grad_enabled, torch.compiler.is_compiling, unused_reporter(fix), anchor_first,
-                          active_ddp))
+            bound.append(_Bound(searching_ddp, trainable_slots, with_parameters_as_inputs, modules_maybe_called,
+                                torch.is_grad_enabled, torch.compiler.is_compiling, unused_reporter(fix), anchor_first,
+                                active_ddp))
         return bound[0]
 
     def idle(instance, args, kwargs) -> bool:  # outside a searching DDP forward (hotfix.junction)
         # every checkpointed call asks this: outside any DDP forward answered by one C call (active_ddp), without
         # the helpers() frame once bound
         found = bound[0] if bound else helpers()
-        return found[8]() is None or found[0]() is None
+        return found.active_ddp() is None or found.searching_ddp() is None
 
     def expose_parameters_to_ddp(wrapped, instance, args, kwargs):  # named: a wrapper chain reads which fix is where
         (searching_ddp, trainable_slots, with_parameters_as_inputs, modules_maybe_called, is_grad_enabled,

@@ -29,6 +29,7 @@ import pytest
 from hotfix.diagnostics import children
 from hotfix.diagnostics.children import child_env, json_lines  # noqa: F401  (tests import json_lines from here)
 from hotfix.notice import REPAIR_NOTICE
+from hotfix.startup.state import FINDER, WATCH
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
@@ -248,13 +249,17 @@ CRASH = "Trying to backward through the graph a second time"  # the seed reports
 # children prove that hotfix is (or is not) loaded by transformers' import alone.
 # The model and the gradient comparison come from hotfix/diagnostics/, loaded by
 # path through tools/ (tiny_models, standalone), which import no hotfix.
+#: a child's test (source text) for the start-up hook's finder in sys.meta_path (its class names: hotfix_state's, held
+#: to the hook's by tests/unit/test_state_constants.py)
+FINDER_ARMED = f"any(type(f).__name__ in {(WATCH, FINDER)!r} for f in sys.meta_path)"
+
 PRELUDE = textwrap.dedent(
     '''
     import json, os, sys
 
     def boot_armed():
         """Is the .pth finder waiting for transformers in sys.meta_path?"""
-        return any(type(f).__name__ in ("FirstImportWatch", "ActivateOnFirstImport") for f in sys.meta_path)
+        return FINDER_ARMED
 
     def tiny_whisper(seed=0):
         import tiny_models  # tools/lab is on the child's PYTHONPATH
@@ -294,7 +299,7 @@ PRELUDE = textwrap.dedent(
     def report(**values):
         print(json.dumps(values), flush=True)
     '''
-)
+).replace("FINDER_ARMED", FINDER_ARMED)
 
 
 def run_child(body: str, **kwargs):

@@ -22,13 +22,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from conftest import TESTS, json_lines, matrix_path, run_python
+from conftest import FINDER, TESTS, WATCH, json_lines, matrix_path, run_python
 
 CHILD = r"""
 import importlib, inspect, io, json, logging, sys, types
 name, order = sys.argv[1], sys.argv[2]
 # Take the start-up hook out: "before" must really import the target before hotfix.
-sys.meta_path[:] = [f for f in sys.meta_path if type(f).__name__ not in ("FirstImportWatch", "ActivateOnFirstImport")]
+sys.meta_path[:] = [f for f in sys.meta_path if type(f).__name__ not in STARTUP_FINDERS]
 ZOO = "unsloth_zoo.gradient_checkpointing"
 
 def import_targets(targets):
@@ -82,7 +82,7 @@ stream.truncate(0); stream.seek(0)
 out["apply_drifted"] = fresh.apply(drifted)
 out["drift_lines"] = [l for l in stream.getvalue().splitlines() if l.strip()]
 print(json.dumps(out))
-"""
+""".replace("STARTUP_FINDERS", repr((WATCH, FINDER)))
 
 
 #: a fork's release in the matrix, for the fixes of its checkpointer; a release holds one of the fix's

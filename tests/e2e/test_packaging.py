@@ -36,7 +36,8 @@ from typing import Dict
 
 import pytest
 
-from conftest import PRELUDE, REPO, checkout_build, clean_env, dependencies, hotfix_lines, json_lines, run_python
+from conftest import (FINDER_ARMED, PRELUDE, REPO, checkout_build, clean_env, dependencies, hotfix_lines, json_lines,
+                      run_python)
 
 #: every file of the wheel matches one of these (dist-info aside)
 ALLOWED = (
@@ -256,7 +257,7 @@ def test_editable_install_starts_up_like_an_install(dev_venv, tmp_path):
     (fake / "transformers").mkdir(parents=True)
     (fake / "transformers" / "__init__.py").write_text(FAKE_TRANSFORMERS)
     env = dict(env, PYTHONPATH=str(fake))
-    probe = ("import sys; armed = any(type(f).__name__ in ('FirstImportWatch', 'ActivateOnFirstImport') for f in sys.meta_path); "
+    probe = (f"import sys; armed = {FINDER_ARMED}; "
              "import transformers; h = sys.modules.get('hotfix'); "
              "print(armed, h is not None and h.registry.active, h and h.__file__)")
     proc = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=120, env=env,

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, json_lines, run_python
+from conftest import FINDER_ARMED, REPO, json_lines, run_python
 
 SITE = Path(sysconfig.get_paths()["purelib"])
 
@@ -31,7 +31,7 @@ SPAWN_PROBE = """
 
     def probe(*_):
         before = hotfix_modules()
-        armed = any(type(f).__name__ in ("FirstImportWatch", "ActivateOnFirstImport") for f in sys.meta_path)
+        armed = FINDER_ARMED
         import transformers.modeling_layers as ml
         return {"pid": os.getpid(), "before": before, "armed": armed, "after": hotfix_modules(),
                 "patched": "_gradient_checkpointing_func" in ml.GradientCheckpointingLayer.__dict__}
@@ -41,7 +41,7 @@ SPAWN_PROBE = """
             return 2
         def __getitem__(self, index):
             return probe()
-"""
+""".replace("FINDER_ARMED", FINDER_ARMED)
 
 
 def test_spawned_processes_and_dataloader_workers_are_patched(tmp_path):

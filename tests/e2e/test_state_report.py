@@ -8,7 +8,7 @@ imports nothing of hotfix.
 
 from __future__ import annotations
 
-from conftest import hotfix_lines, run_child, run_python
+from conftest import FINDER, WATCH, hotfix_lines, run_child, run_python
 
 ASK = """
     import hotfix_state
@@ -39,7 +39,7 @@ def test_disabled():
 
 def test_no_start_up_finder():
     """The finder taken out of sys.meta_path (as where no start-up hook ran): NOT active, and the remedy."""
-    remove = ("sys.meta_path[:] = [f for f in sys.meta_path if type(f).__name__ not in ('FirstImportWatch', 'ActivateOnFirstImport')]; "
+    remove = (f"sys.meta_path[:] = [f for f in sys.meta_path if type(f).__name__ not in {(WATCH, FINDER)!r}]; "
               "import transformers")
     proc, seen = run_child(ASK.format(between=remove))
     assert seen["active"] is False and seen["hotfix_imported"] is False

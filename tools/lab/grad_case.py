@@ -68,9 +68,13 @@ def main(argv):
 
         install_unsloth_swap(load_release())
         argv = argv[2:]
-    for token in argv:  # CASE@default: that case through gradient_checkpointing_enable()'s default, in this child
-        case, _, default = token.partition("@")
-        result = run(case, "default" if default == "default" else mode)
+    cases = [token.partition("@") for token in argv]
+    odd = [token for token, (_, at, suffix) in zip(argv, cases) if at and suffix != "default"]
+    if odd:  # a typo must not measure the child's mode under a name that says otherwise
+        print(f"grad_case.py: {', '.join(odd)}: the only suffix is @default", file=sys.stderr)
+        return 2
+    for token, (case, _, suffix) in zip(argv, cases):  # CASE@default: gradient_checkpointing_enable()'s default
+        result = run(case, "default" if suffix == "default" else mode)
         print(json.dumps(dict(result, case=token)), flush=True)
     return 0
 
