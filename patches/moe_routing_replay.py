@@ -71,7 +71,8 @@ class MoeRoutingReplay(Patch):
     symptom = ("torch.utils.checkpoint.CheckpointError: A different number of tensors was saved during the original "
                "forward and recomputation (MoE models: Qwen3-MoE, Mixtral, gpt-oss, DeepSeek), or wrong gradients")
     details = ("routers found in the model's code (topk, or a helper sampling experts) when checkpointing is enabled "
-               "(transformers' enablers, torch's checkpoint_wrapper); the forward's choice replayed in the recomputation")
+               "(transformers' enablers, torch's checkpoint_wrapper); the forward's choice replayed in the "
+               "recomputation")
     upstream = "huggingface/transformers#47467 (fix PR #47508 closed unmerged); pytorch/pytorch#171355"
 
     def __init__(self) -> None:

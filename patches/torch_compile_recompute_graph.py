@@ -19,7 +19,7 @@ import sys
 from typing import Any, Callable, Optional
 
 from hotfix import Mechanism, Patch
-from hotfix.checkpointing.torch_checkpoint import GENERATOR, generator_drift
+from hotfix.checkpointing.torch_checkpoint import GENERATOR, MODULE, generator_drift
 
 #: where torch (2.10 on) keeps the switch, and its name
 SWITCH_MODULE = "torch._C._dynamo.eval_frame"
@@ -37,7 +37,7 @@ def _switch_module() -> Any:
 
 class TorchCompileRecomputeGraph(Patch):
     name = "torch-compile-recompute-graph"
-    targets = ("torch.utils.checkpoint",)
+    targets = (MODULE,)
     mechanisms = (
         Mechanism("recompute-other-graph", {"torch": ">=2.10.0"}, unreached={"torch": ">=2.4.0,<2.10.0"},
                   summary="torch.compile'd code in non-reentrant checkpointed layers with changing shapes: the "

@@ -248,26 +248,31 @@ def _is_torchs(module_name: Optional[str]) -> bool:
     return (module_name or "").split(".")[0] in ("torch", "builtins")
 
 
+def _methods(cls: type) -> Iterator[Tuple[type, str, types.FunctionType]]:
+    """``(owner, name, function)`` for each method of each class of ``cls``'s MRO short of torch's; a decorated
+    method (``@torch.no_grad()``: DeepSeek's and GLM's group routers) shows its own code."""
+    for owner in cls.__mro__:
+        if _is_torchs(owner.__module__):
+            continue
+        for name, member in vars(owner).items():
+            function = inspect.unwrap(getattr(member, "__func__", member))
+            if isinstance(function, types.FunctionType):
+                yield owner, name, function
+
+
 def topk_sites(cls: type) -> List[Tuple[type, str, Any, str]]:
     """Where the code of ``cls`` (and its bases short of torch's) calls ``topk``: ``(owner, name, function, how)``
     for each method of ``owner`` (a class of ``cls``'s MRO) that does, itself or in a module-level function it calls
     by name (``function`` is then that helper: its module's ``torch`` is the one to route)."""
     found = []
-    for owner in cls.__mro__:
-        if _is_torchs(owner.__module__):
-            continue
-        for name, member in vars(owner).items():
-            # a decorated method (``@torch.no_grad()``: DeepSeek's and GLM's group routers) shows its own code
-            function = inspect.unwrap(getattr(member, "__func__", member))
-            if not isinstance(function, types.FunctionType):
+    for owner, name, function in _methods(cls):
+        own = list(code_objects(function))
+        for candidate in (function, *_helpers(function, own)):
+            codes = own if candidate is function else list(code_objects(candidate))
+            if not any("topk" in code.co_names for code in codes):
                 continue
-            own = list(code_objects(function))
-            for candidate in (function, *_helpers(function, own)):
-                codes = own if candidate is function else list(code_objects(candidate))
-                if not any("topk" in code.co_names for code in codes):
-                    continue
-                for how in sorted({how for code in codes for how in _calls(code)}):
-                    found.append((owner, name, candidate, how))
+            for how in sorted({how for code in codes for how in _calls(code)}):
+                found.append((owner, name, candidate, how))
     return found
 
 
@@ -276,27 +281,22 @@ RANDOM_DRAWS = frozenset({"exponential_", "rand_like", "uniform_", "multinomial"
 
 
 def _attributes(code: types.CodeType) -> set:
-    """The attributes ``code`` reads (``x.max``, ``torch.rand_like``), not the globals it calls (the builtin ``max``)."""
+    """The attributes ``code`` reads (``x.max``, ``torch.rand_like``), not the globals it calls (builtin ``max``)."""
     return {instruction.argval for instruction in dis.get_instructions(code)
             if instruction.opname in ("LOAD_ATTR", "LOAD_METHOD")}
 
 
 def sampling_helpers(cls: type) -> List[Tuple[type, str, types.FunctionType]]:
     """The module-level helpers the methods of ``cls`` (and its bases short of torch's) call by name that choose
-    experts by sampling: their code takes a tensor's ``max`` and draws random numbers through torch (attributes
-    read: not the builtin ``max``, not numpy's ``random.rand``), and never calls ``topk`` (PhiMoE's ``sparsemixer``).  ``(owner, name, helper)``: the method of ``owner`` that calls it."""
+    experts by sampling: their code takes a tensor's ``max`` and draws random numbers through torch (attributes read:
+    not the builtin ``max``, not numpy's ``random.rand``), and never calls ``topk`` (PhiMoE's ``sparsemixer``).
+    ``(owner, name, helper)``: the method of ``owner`` that calls it."""
     found = []
-    for owner in cls.__mro__:
-        if _is_torchs(owner.__module__):
-            continue
-        for name, member in vars(owner).items():
-            function = inspect.unwrap(getattr(member, "__func__", member))
-            if not isinstance(function, types.FunctionType):
-                continue
-            for helper in _helpers(function, list(code_objects(function))):
-                read = set().union(*(_attributes(code) for code in code_objects(helper)))
-                if "max" in read and read & RANDOM_DRAWS and "topk" not in read:
-                    found.append((owner, name, helper))
+    for owner, name, function in _methods(cls):
+        for helper in _helpers(function, list(code_objects(function))):
+            read = set().union(*(_attributes(code) for code in code_objects(helper)))
+            if "max" in read and read & RANDOM_DRAWS and "topk" not in read:
+                found.append((owner, name, helper))
     return found
 
 

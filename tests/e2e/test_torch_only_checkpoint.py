@@ -40,7 +40,8 @@ after_plain = "hotfix" in sys.modules
 got = step(functools.partial(checkpoint, use_reentrant=False, preserve_rng_state=False))
 print(json.dumps({"hotfix_before": before, "hotfix_after_plain_step": after_plain,
                   "hotfix_after": "hotfix" in sys.modules,
-                  "equal": [g is not None and torch.allclose(r, g, rtol=1e-5, atol=1e-7) for r, g in zip(reference, got)]}))
+                  "equal": [g is not None and torch.allclose(r, g, rtol=1e-5, atol=1e-7)
+                            for r, g in zip(reference, got)]}))
 """
 
 WATCH_PROBE = r"""
