@@ -120,6 +120,18 @@ class _WatchTorchAfterExec(LoaderProxy):
         self._finder.watch_torch()
 
 
+class _WatchCheckpointAfterExec(LoaderProxy):
+    """Loader proxy of torch's checkpoint module, imported after torch (no trigger imported yet): once it ran, watch
+    its non-reentrant generator (``WATCHED``)."""
+
+    def __init__(self, loader, finder):
+        super().__init__(loader)
+        self._finder = finder
+
+    def after(self, module):
+        self._finder.watch_checkpoint(module)
+
+
 class ActivateOnFirstImport:
     """A meta path finder that finds nothing itself; it hands out the first imports' specs with an activating loader.
 
@@ -146,10 +158,15 @@ class ActivateOnFirstImport:
         self._searching = set()  # thread ids inside our own find_spec (finders may recurse)
         self._third_party = None  # unknown until the first top-level import outside the standard library
         self._once = _thread.allocate_lock()  # two threads' first imports (transformers, unsloth) activate once
-        self._watches = ()  # (owner, name, torch's object, the watch standing in its place), while watching
+        self._watches = []  # (owner, name, torch's object, the watch standing in its place), while watching
+        self._checkpoint_due = False  # torch imported without its checkpoint module: watch it once it runs
 
     def find_spec(self, fullname, path=None, target=None):
-        if self.finished or target is not None or path is not None:
+        if self.finished or target is not None:
+            return None
+        if path is not None:  # a submodule: only torch's checkpoint module, where it is to be watched
+            if fullname == CHECKPOINT_MODULE and self._checkpoint_due:
+                return self._spec_behind(fullname, lambda loader: _WatchCheckpointAfterExec(loader, self), path)
             return None
         if fullname == PACKAGE:
             return None  # importing hotfix activates it; its own imports are put off (can_activate)
@@ -164,15 +181,16 @@ class ActivateOnFirstImport:
         trigger = fullname if fullname in TRIGGERS else None
         return self._spec_behind(fullname, lambda loader: _ActivateAroundExec(loader, self, trigger))
 
-    def _spec_behind(self, fullname, proxy):
-        """The spec the finders behind this one give for ``fullname``, its loader wrapped by ``proxy(loader)``;
-        None where none is found or its loader cannot be wrapped (the import system goes on)."""
+    def _spec_behind(self, fullname, proxy, path=None):
+        """The spec the finders behind this one give for ``fullname`` (``path``: its package's, for a submodule),
+        its loader wrapped by ``proxy(loader)``; None where none is found or its loader cannot be wrapped (the import
+        system goes on)."""
         me = _thread.get_ident()
         if me in self._searching:
             return None
         self._searching.add(me)
         try:
-            spec = spec_behind(self, fullname)
+            spec = spec_behind(self, fullname, path)
         finally:
             self._searching.discard(me)
         if not wrappable(spec):
@@ -183,48 +201,54 @@ class ActivateOnFirstImport:
     def watch_torch(self):
         """Put the watches on torch's DDP ``__init__`` and its non-reentrant checkpoint generator (the module comment
         at ``WATCHED``); never raises.  Each is a plain function in the original's place: its first call takes every
-        watch away, activates hotfix, and calls what stands there then (a fix's wrapper, where one applied)."""
-        if self.finished or self._watches:
+        watch away, activates hotfix, and calls what stands there then (a fix's wrapper, where one applied).  Where
+        torch's import did not import its checkpoint module (torch 2.7 does not; 2.11 does), the generator is watched
+        once that module has run (``find_spec``: its loader wrapped, nothing imported here)."""
+        if self.finished or self._watches or self._checkpoint_due:
             return
-        finder = self
+        ddp = getattr(sys.modules.get(DDP_MODULE), DDP_CLASS, None)
+        if isinstance(ddp, type) and ddp.__dict__.get("__init__") is not None:
+            def __init__(instance, *args, **kwargs):
+                self._activate_on_call()
+                return ddp.__init__(instance, *args, **kwargs)
 
-        def activate_on_call():
-            finder.unwatch_torch()  # torch's own objects back in place before hotfix applies its fixes
-            finder.activate_when_possible()
+            self._watch(ddp, "__init__", __init__)
+        checkpoint = sys.modules.get(CHECKPOINT_MODULE)
+        if checkpoint is None:
+            self._checkpoint_due = True
+        else:
+            self.watch_checkpoint(checkpoint)
 
-        watches = []
+    def watch_checkpoint(self, checkpoint):
+        """The watch on ``checkpoint``'s (torch's module's) generator; never raises."""
+        self._checkpoint_due = False
+        if self.finished or not callable(getattr(checkpoint, "__dict__", {}).get(CHECKPOINT_GENERATOR)):
+            return
+
+        def first_non_reentrant_checkpoint(*args, **kwargs):
+            self._activate_on_call()
+            return checkpoint.__dict__[CHECKPOINT_GENERATOR](*args, **kwargs)
+
+        self._watch(checkpoint, CHECKPOINT_GENERATOR, first_non_reentrant_checkpoint)
+
+    def _watch(self, owner, name, installed):
+        """``installed`` in the place of ``owner.name`` until :meth:`unwatch_torch`; one line where it cannot be."""
         try:
-            ddp = getattr(sys.modules.get(DDP_MODULE), DDP_CLASS, None)
-            original = ddp.__dict__.get("__init__") if isinstance(ddp, type) else None
-            if original is not None:
-                def __init__(instance, *args, **kwargs):
-                    activate_on_call()
-                    return ddp.__init__(instance, *args, **kwargs)
-
-                __init__.__wrapped__ = original
-                watches.append((ddp, "__init__", original, __init__))
-            checkpoint = sys.modules.get(CHECKPOINT_MODULE)
-            generator = getattr(checkpoint, "__dict__", {}).get(CHECKPOINT_GENERATOR)
-            if callable(generator):
-                def first_non_reentrant_checkpoint(*args, **kwargs):
-                    activate_on_call()
-                    return checkpoint.__dict__[CHECKPOINT_GENERATOR](*args, **kwargs)
-
-                first_non_reentrant_checkpoint.__wrapped__ = generator
-                watches.append((checkpoint, CHECKPOINT_GENERATOR, generator, first_non_reentrant_checkpoint))
-            for owner, name, _, installed in watches:
-                setattr(owner, name, installed)
+            original = owner.__dict__[name]
+            installed.__wrapped__ = original
+            setattr(owner, name, installed)
+            self._watches.append((owner, name, original, installed))
         except Exception as exc:  # never break torch's import
-            for owner, name, original, installed in watches:
-                if owner.__dict__.get(name) is installed:
-                    setattr(owner, name, original)
-            _say("could not watch torch's DistributedDataParallel and checkpoint (%r); a torch-only script needs "
-                 "`import hotfix`" % (exc,))
-            return
-        self._watches = tuple(watches)
+            _say("could not watch torch's %s.%s (%r); a torch-only script needs `import hotfix`"
+                 % (getattr(owner, "__name__", owner), name, exc))
+
+    def _activate_on_call(self):
+        self.unwatch_torch()  # torch's own objects back in place before hotfix applies its fixes
+        self.activate_when_possible()
 
     def unwatch_torch(self):
-        watches, self._watches = self._watches, ()
+        watches, self._watches = self._watches, []
+        self._checkpoint_due = False
         for owner, name, original, installed in watches:
             if owner.__dict__.get(name) is installed:
                 setattr(owner, name, original)

@@ -89,6 +89,9 @@ def test_a_compiled_functions_recomputation_runs_its_forwards_graph_from_torch_2
     assert lines, proc.stderr[-3000:]
     out = lines[-1]
     assert out["torch"] == torch and out["hotfix_before"] is False, out
+    # hotfix, installed, active from the first non-reentrant checkpoint (2.7's `import torch` does not import torch's
+    # checkpoint module: watched once it is imported)
+    assert "upstream" in out, out
     assert out["upstream"]["recomputation_runs_forwards_graph"] is False, out  # the mechanism, after hotfix.revert()
     reached = tuple(int(part) for part in torch.split(".")[:2]) >= (2, 10)
     assert out["applied"] is reached, out
