@@ -48,6 +48,16 @@ TENSOR_METHOD = "method"  # a class's code calls <tensor>.topk(...)
 COMPARED_REPLAYS = 256
 
 
+def _deciding(stack: tuple) -> Tuple[Any, List[Any]]:
+    """For a routing decision made under ``stack`` (``regions()``): the region whose forward's record it replays
+    (the outermost recomputation: its forward decided for everything inside it), or None; and the regions that
+    record it (those in their forward, begun inside that recomputation, or anywhere where there is none)."""
+    for position, (region, phase) in enumerate(stack):
+        if phase == RECOMPUTE:
+            return region, [inner for inner, inner_phase in stack[position + 1:] if inner_phase == FORWARD]
+    return None, [region for region, phase in stack if phase == FORWARD]
+
+
 class Replay:
     """``topk`` that records inside a region's forward and replays inside its recomputation."""
 
@@ -76,18 +86,13 @@ class Replay:
             _ANSWERING.reset(token)
 
     def _decided(self, stack: tuple, input: Any, k: int, dim: int, largest: bool, sorted: bool) -> Any:
-        recording = stack
-        result = None
-        for position, (region, phase) in enumerate(stack):
-            if phase == RECOMPUTE:  # the outermost recomputation: its forward decided for everything inside it
-                result = self._replayed(region, input, k, dim, largest, sorted)
-                recording = stack[position + 1:]
-                break
-        if result is None:
+        replaying, recording = _deciding(stack)
+        if replaying is not None:
+            result = self._replayed(replaying, input, k, dim, largest, sorted)
+        else:
             result = self._topk(input, k, dim, largest, sorted)
-        for region, phase in recording:  # regions begun inside this one's forward (or recomputation) keep it too
-            if phase == FORWARD:
-                region.records.append(result.indices.clone())
+        for region in recording:
+            region.records.append(result.indices.clone())
         return result
 
     def _replayed(self, region: Any, input: Any, k: int, dim: int, largest: bool, sorted: bool) -> Any:
@@ -149,15 +154,11 @@ class ScoresReplay:
         stack = regions()
         if not stack or not isinstance(scores, torch.Tensor) or self._is_compiling():
             return self.__wrapped__(scores, *args, **kwargs)
-        recording = stack
-        for position, (region, phase) in enumerate(stack):
-            if phase == RECOMPUTE:  # the outermost recomputation: its forward decided for everything inside it
-                scores = self._replayed(region, scores)
-                recording = stack[position + 1:]
-                break
-        for region, phase in recording:  # regions begun inside this one's forward (or recomputation) keep it too
-            if phase == FORWARD:
-                region.records.append(scores.detach().clone())
+        replaying, recording = _deciding(stack)
+        if replaying is not None:
+            scores = self._replayed(replaying, scores)
+        for region in recording:
+            region.records.append(scores.detach().clone())
         return self.__wrapped__(scores, *args, **kwargs)
 
     def _replayed(self, region: Any, scores: Any) -> Any:
