@@ -108,28 +108,16 @@ class _ActivateAroundExec(LoaderProxy):
         self._finder.activate_when_possible()
 
 
-class _WatchTorchAfterExec(LoaderProxy):
-    """Loader proxy of torch's import (no trigger imported yet): once torch ran, watch its DDP and its non-reentrant
-    checkpoint (``WATCHED``)."""
+class _WatchAfterExec(LoaderProxy):
+    """Loader proxy of torch's import, or of its checkpoint module's (no trigger imported yet): once the module ran,
+    ``watch(module)`` puts the watches on it (``WATCHED``)."""
 
-    def __init__(self, loader, finder):
+    def __init__(self, loader, watch):
         super().__init__(loader)
-        self._finder = finder
+        self._watch = watch
 
     def after(self, module):
-        self._finder.watch_torch()
-
-
-class _WatchCheckpointAfterExec(LoaderProxy):
-    """Loader proxy of torch's checkpoint module, imported after torch (no trigger imported yet): once it ran, watch
-    its non-reentrant generator (``WATCHED``)."""
-
-    def __init__(self, loader, finder):
-        super().__init__(loader)
-        self._finder = finder
-
-    def after(self, module):
-        self._finder.watch_checkpoint(module)
+        self._watch(module)
 
 
 class ActivateOnFirstImport:
@@ -166,7 +154,8 @@ class ActivateOnFirstImport:
             return None
         if path is not None:  # a submodule: only torch's checkpoint module, where it is to be watched
             if fullname == CHECKPOINT_MODULE and self._checkpoint_due:
-                return self._spec_behind(fullname, lambda loader: _WatchCheckpointAfterExec(loader, self), path)
+                return self._spec_behind(fullname, lambda loader: _WatchAfterExec(loader, self.watch_checkpoint),
+                                         path)
             return None
         if fullname == PACKAGE:
             return None  # importing hotfix activates it; its own imports are put off (can_activate)
@@ -174,7 +163,7 @@ class ActivateOnFirstImport:
             self._notice_bypass()
         if fullname == WATCHED and not self.due and not self._third_party_fixes_installed():
             # (with third-party fixes torch's import carries the activation itself, below)
-            return self._spec_behind(fullname, lambda loader: _WatchTorchAfterExec(loader, self))
+            return self._spec_behind(fullname, lambda loader: _WatchAfterExec(loader, lambda torch: self.watch_torch()))
         if fullname not in TRIGGERS and not self.due and (
                 fullname in STARTUP_NAMES or fullname in STANDARD_LIBRARY or not self._third_party_fixes_installed()):
             return None
