@@ -51,7 +51,9 @@ class TorchCompileRecomputeGraph(Patch):
 
     def __init__(self) -> None:
         super().__init__()
-        self._settled = False  # the switch needs no more thought: this fix turned it off, or the program set it
+        # the switch needs no more thought: this fix turned it off, or the program set it (kept, not derived from the
+        # two below: every later non-reentrant call reads it, one attribute)
+        self._settled = False
         self._turned_off = False  # this fix turned the LRU off
         self._program_set: Optional[bool] = None  # what the program last set through the switch while the fix stood
         self._switch: Optional[Callable[[Any], None]] = None  # torch's own switch

@@ -216,6 +216,24 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(getattr(pytest.mark, tier))
 
 
+def apply_again(patch) -> None:
+    """``patch`` applied again to each of its targets already imported (after an in-process test reverted it)."""
+    for name in patch.targets:
+        if name in sys.modules:
+            patch.apply(sys.modules[name])
+    assert patch.applied, patch.name
+
+
+@contextlib.contextmanager
+def reverted(patch):
+    """``patch`` reverted for the block (upstream, in the test process), applied again after it."""
+    patch.revert()
+    try:
+        yield
+    finally:
+        apply_again(patch)
+
+
 @contextlib.contextmanager
 def checkout_build():
     """Held while a test builds hotfix in the checkout itself (setuptools' build/ and egg-info folders there:

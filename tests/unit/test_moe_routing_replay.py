@@ -13,12 +13,12 @@ tests/versions/test_moe_routing_census.py (the census).
 from __future__ import annotations
 
 import functools
-import sys
 
 import pytest
 import torch
 from torch.utils.checkpoint import CheckpointError, checkpoint
 
+from conftest import apply_again
 import moe_block
 import moe_cases
 from hotfix.checkpointing.region import FORWARD, RECOMPUTE, Region, RegionCall, regions
@@ -34,9 +34,7 @@ def routing():
     assert patch.applied, "moe-routing-replay is not applied in the test process"
     yield patch
     patch.revert()
-    for name in patch.targets:
-        if name in sys.modules:
-            patch.apply(sys.modules[name])
+    apply_again(patch)
     assert moe_block.torch is torch and not isinstance(moe_block.sample_experts, ScoresReplay)
 
 

@@ -10,13 +10,13 @@ nothing.
 from __future__ import annotations
 
 import functools
-import sys
 
 import pytest
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from conftest import reverted
 from hotfix.diagnostics.compare import collect_grads, compare_grads
 from hotfix.patches.torch_checkpoint_rng_state import patch
 
@@ -64,10 +64,8 @@ def said(monkeypatch):
 
 @pytest.fixture
 def upstream():
-    patch.revert()
-    yield
-    patch.apply(sys.modules["torch.utils.checkpoint"])
-    assert patch.applied
+    with reverted(patch):
+        yield
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -89,10 +87,7 @@ def test_with_the_fix_the_forward_s_masks_are_drawn_again(said, mode):
 def test_without_random_numbers_nothing_changes_and_nothing_is_said(said, mode):
     model = Model(p=0.0).train()
     with_fix = step(model, MODES[mode])
-    patch.revert()
-    try:
+    with reverted(patch):
         without = step(model, MODES[mode])
-    finally:
-        patch.apply(sys.modules["torch.utils.checkpoint"])
     assert all(torch.equal(with_fix[name], without[name]) for name in with_fix)
     assert said == []

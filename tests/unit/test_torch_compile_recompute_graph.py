@@ -21,6 +21,7 @@ import torch
 import torch._dynamo
 from torch.utils.checkpoint import checkpoint
 
+from conftest import apply_again, reverted
 import compile_graph_order  # tools/lab
 from hotfix.diagnostics.compare import compare_grads
 from hotfix.patches.torch_compile_recompute_graph import SWITCH, SWITCH_MODULE, patch
@@ -47,8 +48,7 @@ def split():
     Measured with Dynamo's LRU on (the fix reverted: an earlier non-reentrant checkpoint in this process turned it
     off), so that the third call runs the dynamic graph."""
     w1, w2, first, second = _weights()
-    patch.revert()
-    try:
+    with reverted(patch):
         torch._dynamo.reset()
         compiled = torch.compile(gate)
         zero = torch.tensor(0.0)
@@ -56,8 +56,6 @@ def split():
         compiled(second, zero, 0, w1, w2)
         dynamic = compiled(first, zero, 0, w1, w2)[1].detach()
         torch._dynamo.reset()
-    finally:
-        patch.apply(sys.modules["torch.utils.checkpoint"])
     apart = (static != dynamic).nonzero().flatten().tolist()
     assert apart, "inductor's static and dynamic graphs computed every column's variance alike on this machine"
     low, high = sorted((static[apart[0]].item(), dynamic[apart[0]].item()))
@@ -84,24 +82,21 @@ def step(split, checkpointed):
 
 @pytest.fixture
 def upstream():
-    patch.revert()
-    yield
-    patch.apply(sys.modules["torch.utils.checkpoint"])
-    assert patch.applied
+    with reverted(patch):
+        yield
 
 
 @pytest.fixture
 def switch_calls(monkeypatch):
     """The fix applied afresh (nothing settled), its calls of torch's switch recorded instead of made."""
     patch.revert()
-    patch.apply(sys.modules["torch.utils.checkpoint"])
-    assert patch.applied
+    apply_again(patch)
     calls = []
     monkeypatch.setattr(patch, "_switch", calls.append)
     yield calls
     monkeypatch.undo()
     patch.revert()
-    patch.apply(sys.modules["torch.utils.checkpoint"])
+    apply_again(patch)
 
 
 def test_upstream_the_recomputation_runs_another_graph_than_its_forward(upstream):
