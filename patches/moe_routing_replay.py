@@ -10,9 +10,9 @@ torch's reentrant ``CheckpointFunction.apply`` and non-reentrant generator (its 
 DeepSpeed's functions.  A model whose checkpointing is switched on (transformers' enabler, torch's checkpoint_wrapper)
 has its classes read once; their ``topk`` calls become ``routing.Replay.topk``: recorded in a region's forward,
 replayed in its recomputation with values read from the recomputed scores (the router keeps its gradient); a helper
-that samples experts (PhiMoE) is handed the forward's scores' values in the recomputation.  No drift:
-bit-identical to upstream; outside checkpointed calls nothing changes.  One "repaired" line where a compared replay
-differed.  Revert puts every module's ``torch``, method and function back.  docs/fixes/moe-routing-replay.md.
+that samples experts (PhiMoE) is handed the forward's scores' values; unsloth-zoo's fused router declines inside
+regions (its caller's eager routing is replayed).  No drift: bit-identical to upstream; outside checkpointed calls
+nothing changes.  One "repaired" line where a compared replay differed.  docs/fixes/moe-routing-replay.md.
 """
 
 from __future__ import annotations
@@ -38,6 +38,13 @@ WRAPPER_MODULE = "torch.distributed.algorithms._checkpoint.checkpoint_wrapper"
 #: the classes whose ``apply(function, <flag>, *inputs)`` runs ``function`` in the forward and again in the backward
 FUNCTION_CLASSES = {CHECKPOINT_MODULE: FUNCTION_CLASS, UNSLOTH_MODULE: UNSLOTH_CLASS,
                     DEEPSPEED_MODULE: "CheckpointFunction"}
+#: unsloth-zoo 2026.10.8+: its fused MoE router (``UNSLOTH_MOE_FUSED_ROUTER=1``), a Triton kernel that chooses the
+#: experts inside itself, behind one gate every caller asks first: ``fused_route_or_none`` (None: route eagerly)
+FUSED_ROUTER_MODULE = "unsloth_zoo.temporary_patches.moe_router_triton"
+FUSED_ROUTER = "fused_route_or_none"
+#: where modules that imported the gate before this fix applied hold it under names of their own
+#: (``from .moe_router_triton import fused_route_or_none as _fused_route_or_none``)
+FUSED_ROUTER_CALLERS = ("unsloth_zoo.", "unsloth.", "unsloth_compiled_cache")
 
 
 def _runs_its_function_twice(cls: Any) -> Optional[str]:
@@ -59,14 +66,30 @@ def _runs_its_function_twice(cls: Any) -> Optional[str]:
     return None
 
 
+def _declinable_gate(gate: Any) -> Optional[str]:
+    """None where ``gate`` is unsloth-zoo's fused router gate as this fix reads it: ``fused_route_or_none(logits,
+    top_k, ...)``, whose callers route eagerly where it returns None."""
+    import inspect
+
+    try:
+        names = list(inspect.signature(gate).parameters)[:2]
+    except (TypeError, ValueError):
+        return f"{FUSED_ROUTER} is missing or not a function"
+    return None if names == ["logits", "top_k"] else f"{FUSED_ROUTER} no longer takes (logits, top_k, ...)"
+
+
 class MoeRoutingReplay(Patch):
     name = "moe-routing-replay"
-    targets = (CHECKPOINT_MODULE, WRAPPER_MODULE, MODELING_UTILS, UNSLOTH_MODULE, DEEPSPEED_MODULE)
+    targets = (CHECKPOINT_MODULE, WRAPPER_MODULE, MODELING_UTILS, UNSLOTH_MODULE, DEEPSPEED_MODULE,
+               FUSED_ROUTER_MODULE)
     # no transformers release replays routing; 4.35.0 is where hotfix reaches transformers' checkpointing
     mechanisms = (
         Mechanism("routing-drift", {"transformers": ">=4.35.0"}, unreached={"transformers": "<4.35.0"},
                   summary="a checkpoint's recomputation routes tokens to other experts than its forward where the "
                           "router's scores drift (GPU nondeterminism): CheckpointError, or silently wrong gradients"),
+        Mechanism("fused-router", {"unsloth-zoo": ">=2026.10.8"},
+                  summary="unsloth-zoo's fused MoE router (UNSLOTH_MOE_FUSED_ROUTER=1) chooses the experts inside its "
+                          "Triton kernel, again in the recomputation: the same drift, out of a topk's reach"),
     )
     symptom = ("torch.utils.checkpoint.CheckpointError: A different number of tensors was saved during the original "
                "forward and recomputation (MoE models: Qwen3-MoE, Mixtral, gpt-oss, DeepSeek), or wrong gradients")
@@ -217,6 +240,38 @@ class MoeRoutingReplay(Patch):
         phases_in_context.idle = idle
         return phases_in_context
 
+    def _decline_fused_router(self, module: Any) -> None:
+        """unsloth-zoo's fused router answers None inside a region: its caller routes with its eager code, whose
+        ``topk`` this fix replays (the kernel's choice, made inside it, no recomputation can).  A plain function, not
+        a wrapt proxy: a compiled router inlines it (traced, it is the release's gate: no region is entered there)."""
+        import functools
+
+        import torch
+
+        from hotfix.checkpointing.region import regions
+
+        original, is_compiling, said = module.__dict__[FUSED_ROUTER], torch.compiler.is_compiling, []
+        if self.installed(original):  # applied again: it stands
+            return
+
+        @functools.wraps(original)
+        def fused_router_declined_in_regions(*args: Any, **kwargs: Any) -> Any:  # named: wrapper chains read it
+            if is_compiling() or not regions():
+                return original(*args, **kwargs)
+            if not said:
+                said.append(True)
+                self.warn_once(FUSED_ROUTER, "unsloth-zoo's fused MoE router (UNSLOTH_MOE_FUSED_ROUTER=1) is not used "
+                                             "inside checkpointed calls: there the model's eager router chooses, and "
+                                             "the recomputation replays its forward's choice")
+            return None
+
+        gate = self.replace(module, FUSED_ROUTER, fused_router_declined_in_regions)
+        for name, caller in list(sys.modules.items()):  # hotfix activated after unsloth-zoo: the names they read
+            if caller is not module and name.startswith(FUSED_ROUTER_CALLERS):
+                for attribute, value in list(getattr(caller, "__dict__", {}).items()):
+                    if value is original:
+                        self.replace(caller, attribute, gate)
+
     # -- the fix's lifecycle ------------------------------------------------
     def drift(self, module: Any) -> Optional[str]:
         if module.__name__ == MODELING_UTILS:
@@ -227,6 +282,8 @@ class MoeRoutingReplay(Patch):
             return None if isinstance(wrapper, type) else "CheckpointWrapper is missing"
         if module.__name__ == UNSLOTH_MODULE:
             return checkpoint_function_drift(module)
+        if module.__name__ == FUSED_ROUTER_MODULE:
+            return _declinable_gate(module.__dict__.get(FUSED_ROUTER))
         if module.__name__ == CHECKPOINT_MODULE:
             return function_class_drift(module) or generator_drift(module)
         return _runs_its_function_twice(module.__dict__.get(FUNCTION_CLASSES[module.__name__]))
@@ -237,6 +294,9 @@ class MoeRoutingReplay(Patch):
             return
         if module.__name__ == WRAPPER_MODULE:
             self.wrap(module.CheckpointWrapper, "__init__", self._route_wrapped)
+            return
+        if module.__name__ == FUSED_ROUTER_MODULE:
+            self._decline_fused_router(module)
             return
         # installed now, joined with the other fixes there (relations.JOIN_ORDER: innermost); until a router is found
         # the hooks hand every call on as it is

@@ -36,6 +36,9 @@ def import_targets(targets):
         if target == ZOO:
             import zoo_loader
             zoo_loader.install_stubs(zoo_loader.zoo_dir())
+        if target.startswith("unsloth_zoo.temporary_patches."):  # its package's __init__ needs a GPU: a bare one
+            import zoo_loader
+            zoo_loader.load_temporary_patch(target.rsplit(".", 1)[1])
         if target.split(".")[0] in ("llamafactory", "axolotl"):
             import fork_loader  # the fork's package stubbed; imports the release's one checkpointing module
             assert fork_loader.load(target.split(".")[0]).__name__ == target
@@ -106,7 +109,9 @@ def _pythonpath(name, targets):
     wanted = set(registry.patches()[name].distributions) | {target.split(".")[0] for target in targets}
     paths = [matrix_path(dist, BESIDE[dist]) for dist in BESIDE if dist in wanted]
     if any(t.startswith("unsloth_zoo") for t in targets):
-        paths += [matrix_path("unsloth-zoo", "2025.11.3"), TESTS]  # in range for both zoo fixes
+        # in range for both zoo fixes; moe-routing-replay's fused router gate is 2026.10.8's and later
+        fused = any(t.startswith("unsloth_zoo.temporary_patches.") for t in targets)
+        paths += [matrix_path("unsloth-zoo", "2026.10.9" if fused else "2025.11.3"), TESTS]
     fork = targets[0].split(".")[0]
     if fork in FORKS:
         paths.append(matrix_path(fork, FORKS[fork]))

@@ -5,14 +5,15 @@ The drifted plain-torch MoE of tests/support/moe_block.py (routers tied, scaled 
 recomputation only) checkpointed through each site (tests/support/moe_call_sites.py), in a child without hotfix and
 one with it: upstream wrong gradients or a CheckpointError, with hotfix every gradient equal to the step without
 checkpointing (1e-4).  unsloth-zoo 2025.11.3 loaded on CPU; DeepSpeed 0.19.8, one gloo rank; DDP and FSDP2 with
-torch's non-reentrant checkpoint (fully_shard: torch >= 2.6).
+torch's non-reentrant checkpoint (fully_shard: torch >= 2.6).  And unsloth-zoo's fused MoE router (2026.10.9, on
+transformers 5.24.0's models through tools/lab/zoo_fused_router.py, its Triton kernel a CPU stand-in).
 """
 
 from __future__ import annotations
 
 import pytest
 
-from conftest import SUPPORT, free_port, json_lines, matrix_path, run_python
+from conftest import LAB, SUPPORT, free_port, json_lines, matrix_path, run_python
 
 SITES = {"unsloth": ("unsloth-zoo", "2025.11.3"), "deepspeed": ("deepspeed", "0.19.8"),
          "wrapper-reentrant": None, "wrapper-no-reentrant": None, "ddp": None, "fsdp2": None}
@@ -31,3 +32,38 @@ def test_each_call_site_replays_the_forward_routing(site):
         results[hotfix] = lines[-1]
     assert results[False]["status"] in ("differs", "crash"), results[False]
     assert results[True]["status"] == "equal", results[True]
+
+
+#: transformers 5.24.0's router forms the release's fused router takes over: softmax then top-k (Qwen3-MoE), top-k
+#: then softmax (gpt-oss), sigmoid with groups (DeepSeek-V3)
+FUSED_CASES = ("qwen3_moe:reentrant", "qwen3_moe:non-reentrant", "gpt_oss:reentrant", "deepseek_v3:non-reentrant")
+
+
+def _fused_router(cases, env, late=False):
+    pythonpath = [matrix_path("transformers", "5.24.0"), matrix_path("unsloth-zoo", "2026.10.9")]
+    proc = run_python([str(LAB / "zoo_fused_router.py"), *(["--late"] if late else []), *cases],
+                      pythonpath=pythonpath, env={"OMP_NUM_THREADS": "1", **env}, timeout=600)
+    lines = json_lines(proc.stdout)
+    assert len(lines) == len(cases) + 1, proc.stderr[-3000:]
+    return {line["case"]: line for line in lines}, proc.stderr
+
+
+def test_unsloth_fused_router_declines_inside_checkpointed_calls():
+    """unsloth-zoo's fused router chooses the experts inside its kernel, again in the recomputation: upstream every
+    case's gradients differ (the kernel ran in each recomputation); with hotfix the kernel runs only in the step
+    without checkpointing, the model's eager router is replayed, every gradient equal, said once.  Activated after the
+    release's modules imported the gate under their own names (--late), the same."""
+    upstream, _ = _fused_router(FUSED_CASES, {"HOTFIX_DISABLE": "1"})
+    fixed, stderr = _fused_router(FUSED_CASES, {})
+    late, _ = _fused_router(FUSED_CASES[:1], {"HOTFIX_DISABLE": "1"}, late=True)
+    for case in FUSED_CASES:
+        assert upstream[case]["status"] == "differs" and upstream[case]["kernel_recomputations"] == 2, upstream[case]
+        assert fixed[case]["status"] == "equal", fixed[case]
+        # two routers: the kernel in the step without checkpointing only
+        assert fixed[case]["kernel_calls"] == 2 and fixed[case]["kernel_recomputations"] == 0, fixed[case]
+    callers = ["gpt_oss", "moe_grouped_modulelist", "qwen3_moe", "qwen3_vl_moe"]
+    assert upstream["callers"]["callers_eager_inside"] == [], upstream["callers"]
+    for run in (fixed, late):
+        assert run["callers"] == {"case": "callers", "callers_fused_outside": callers, "callers_eager_inside": callers}
+    assert late[FUSED_CASES[0]]["status"] == "equal" and late[FUSED_CASES[0]]["callers_on_the_gate"] == callers
+    assert stderr.count("fused MoE router (UNSLOTH_MOE_FUSED_ROUTER=1) is not used inside checkpointed calls") == 1

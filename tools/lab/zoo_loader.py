@@ -83,6 +83,24 @@ def load_release():
     return importlib.import_module(TARGET)
 
 
+TEMPORARY_PATCHES = "unsloth_zoo.temporary_patches"
+
+
+def load_temporary_patch(name: str):
+    """The release's ``unsloth_zoo.temporary_patches.<name>`` (2024.10+: unsloth's patches of transformers' models),
+    its package a bare one too: the package's ``__init__`` imports every patch, some of which need a GPU."""
+    import importlib
+
+    if "unsloth_zoo" not in sys.modules:
+        install_stubs(zoo_dir())
+    if TEMPORARY_PATCHES not in sys.modules:
+        package = types.ModuleType(TEMPORARY_PATCHES)
+        package.__path__ = [os.path.join(zoo_dir(), "temporary_patches")]
+        package.__package__ = TEMPORARY_PATCHES
+        sys.modules[TEMPORARY_PATCHES] = package
+    return importlib.import_module(f"{TEMPORARY_PATCHES}.{name}")
+
+
 # -- upstream module state without CUDA -------------------------------------
 class FakeStream:
     def wait_stream(self, other):
