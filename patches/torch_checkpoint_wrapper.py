@@ -27,24 +27,21 @@ CHECKPOINT_WRAPPER = "torch.distributed.algorithms._checkpoint.checkpoint_wrappe
 
 def forward_through_transformers(fix: "TorchCheckpointWrapper") -> Callable:
     """The wrapt wrapper of ``CheckpointWrapper.forward`` (built at the first apply: torch is imported then)."""
-    import functools
-
     import torch
 
-    from hotfix.checkpointing.torch_wrapper import (PackedKeywords, checkpointed_by_transformers, hands_a_cache,
+    from hotfix.checkpointing.torch_wrapper import (CheckpointedByTransformers, StoredFunctions, hands_a_cache,
                                                     missing, routed_fixes, transformers_layer, without_cache)
 
     is_grad_enabled, is_compiling = torch.is_grad_enabled, torch.compiler.is_compiling
+    stored = StoredFunctions()
 
     def checkpoint_as_transformers_does(wrapped, instance, args, kwargs):  # named: a wrapper chain reads which is where
         layer = getattr(instance, "_checkpoint_wrapped_module", None)
         if (layer is None or not transformers_layer(layer) or not layer.training or not is_grad_enabled()
                 or getattr(layer, "gradient_checkpointing", False) or is_compiling() or missing(fix)):
             return wrapped(*args, **kwargs)
-        function = instance.checkpoint_fn
         reentrant = getattr(getattr(instance, "checkpoint_impl", None), "name", None) == "REENTRANT"
-        if isinstance(function, functools.partial) and reentrant:
-            function = PackedKeywords(function.func, *function.args, **function.keywords)
+        function = stored.of(instance.checkpoint_fn, reentrant)
         if hands_a_cache(layer, args, kwargs):
             # Said for REENTRANT only: there the second write gives wrong gradients on every release measured; under
             # NO_REENTRANT some (5.14+, the census's Llama) train equal upstream, and no line may claim a repair there
@@ -52,9 +49,9 @@ def forward_through_transformers(fix: "TorchCheckpointWrapper") -> Callable:
                 fix.repaired("a layer checkpointed by torch's checkpoint_wrapper gets no Cache in training, as under "
                              "transformers' own checkpointing (its recomputation wrote the Cache a second time)")
             args, kwargs = without_cache(args, kwargs)
-        with checkpointed_by_transformers(layer, function):
-            for slot_fix in routed_fixes(fix):
-                slot_fix.coverage.cover(layer)
+        for slot_fix in routed_fixes(fix):  # before the function is stored: through the slots, which record it
+            slot_fix.coverage.cover_layer(layer)
+        with CheckpointedByTransformers(layer, function):
             return layer(*args, **kwargs)
 
     return checkpoint_as_transformers_does

@@ -35,19 +35,29 @@ def searching_ddp() -> Optional[Any]:
 
 
 def trainable_slots(modules: List[Any]) -> List[Tuple[Any, str, Any]]:
-    """``(owner, name, parameter)`` for every trainable parameter of ``modules`` and their submodules.
+    """``(owner, name, parameter)`` for every trainable parameter of ``modules`` and their submodules, in the order
+    ``Module.modules()`` visits them, each submodule once.
 
-    A parameter held by two owners (tied weights) comes once per owner: both places get its twin.
+    A parameter held by two owners (tied weights) comes once per owner: both places get its twin.  Walked over
+    ``_modules`` with a list, not through ``modules()``: asked at every checkpointed call under a searching DDP, and
+    ``named_modules``' nested generators were most of that call's cost (20 of 23.5 µs for a LoRA decoder layer of 33
+    modules, tools/bench/ddp_cost.py).
     """
-    slots, owners = [], set()
-    for module in modules:
-        for owner in module.modules():
-            if id(owner) in owners:
-                continue
-            owners.add(id(owner))
-            for name, parameter in owner._parameters.items():
+    slots, owners, pending = [], set(), list(reversed(modules))
+    while pending:
+        owner = pending.pop()
+        key = id(owner)
+        if owner is None or key in owners:  # a child set to None is no module
+            continue
+        owners.add(key)
+        parameters = owner._parameters
+        if parameters:
+            for name, parameter in parameters.items():
                 if parameter is not None and parameter.requires_grad:
                     slots.append((owner, name, parameter))
+        children = owner._modules
+        if children:
+            pending.extend(reversed(children.values()))
     return slots
 
 

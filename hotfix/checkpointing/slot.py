@@ -210,18 +210,27 @@ class CheckpointFunctionSlot(property):
         except KeyError:
             raise AttributeError(ATTRIBUTE) from None
         self._held.pop(instance, None)
-        self._settle()
+        if not self._held:
+            self._common = None
+        elif self._common is None:  # those left may agree now
+            self._settle()
 
     def hold(self, instance: Any, raw: Any) -> None:
         """Record ``raw`` as what ``instance`` holds (read back under torch.compile)."""
         try:
             if self._held.get(instance, self) is raw:
                 return
+            replaced = instance in self._held
             self._held[instance] = raw
         except TypeError:  # a module class that is not hashable: compiled reads fall back to __dict__
             self._common = None
             return
-        self._settle()
+        if raw is self._common and not replaced:  # one more module holding the common function: it stays common
+            return
+        if len(self._held) == 1:  # the one module held (torch-checkpoint-wrapper's routed layer, during its call)
+            self._common = raw
+            return
+        self._settle()  # another function, or a module's changed: every module held is looked at
 
     def _settle(self) -> None:
         try:
@@ -290,6 +299,19 @@ class SlotCoverage:
             slot = _first_slot(type(module))
             if slot is not None:
                 slot.hold(module, module.__dict__[ATTRIBUTE])
+
+    def cover_layer(self, layer: Any) -> None:
+        """Install the slot on ``layer``'s class, where this fix's slot does not stand along its MRO yet: for a layer
+        that is the one holder of its call's function (torch-checkpoint-wrapper's routed call, at each call: one
+        look along the MRO once the class is covered, not a walk over the layer's modules)."""
+        cls = type(layer)
+        for klass in cls.__mro__:
+            slot = klass.__dict__.get(ATTRIBUTE)
+            while isinstance(slot, CheckpointFunctionSlot):
+                if slot.wrapper is self.wrapper:
+                    return
+                slot = slot.displaced
+        self._install({cls})
 
     def _install(self, classes: set) -> None:
         with self.patch._lock:

@@ -7,7 +7,7 @@ hands the layer its Cache, and the recomputation writes the Cache a second time 
 wrong; non-reentrant: "Recomputed values ... have different metadata").  Under its own checkpointing a
 ``GradientCheckpointingLayer`` in training gets no Cache (each release's own rule: ``use_cache=False``,
 ``past_key_values=None``; the model still builds its Cache, which stays empty: nothing reads it in a training
-step).  :func:`checkpointed_by_transformers` runs the layer that way for one call, with the wrapper's own
+step).  :class:`CheckpointedByTransformers` runs the layer that way for one call, with the wrapper's own
 checkpoint function, so that every fix on transformers' checkpoint function acts on it as on any other layer.
 
 Where the wrapper packs keyword arguments into positional inputs (``CheckpointImpl.REENTRANT``), a tensor
@@ -17,15 +17,15 @@ which the keyword-tensor fix reads so that it never claims a repair the wrapper 
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import sys
-from typing import Any, Iterator, List, Tuple
+import weakref
+from typing import Any, List, Tuple
 
 from hotfix import relations
 from hotfix.checkpointing.slot import ATTRIBUTE
 
-__all__ = ["CLASS_NAME", "PackedKeywords", "checkpointed_by_transformers", "hands_a_cache", "missing", "packed_upstream",
+__all__ = ["CLASS_NAME", "PackedKeywords", "StoredFunctions", "CheckpointedByTransformers", "hands_a_cache", "missing", "packed_upstream",
            "routed_fixes",
            "transformers_layer", "without_cache"]
 
@@ -40,6 +40,53 @@ FLAG = "gradient_checkpointing"
 
 class PackedKeywords(functools.partial):
     """The wrapper's checkpoint function where the wrapper itself makes keyword tensors checkpoint inputs."""
+
+
+class StoredFunctions:
+    """The function a routed call stores on its layer: one object for every wrapper of the same setting.
+
+    Each ``CheckpointWrapper`` makes its own ``partial`` of torch's checkpoint (and the REENTRANT route a
+    :class:`PackedKeywords` of it at each call): stored as they are, every layer of a model would hold another
+    object, and the slots would compose the call again at each one (their composition is kept per stored function)
+    and look over every module they record.  Equal settings (the same function, arguments and keywords) share one
+    object; a setting that cannot be told equal (an unhashable argument) is stored as made.
+    """
+
+    def __init__(self) -> None:
+        self._made: dict = {}
+        # each wrapper's own function -> (reentrant, what it is stored as): asked at every routed call, answered
+        # without building the setting's key again
+        self._seen: "weakref.WeakKeyDictionary[Any, Tuple[bool, Any]]" = weakref.WeakKeyDictionary()
+
+    def of(self, function: Any, reentrant: bool) -> Any:
+        try:
+            seen = self._seen.get(function)
+        except TypeError:  # not weakly referable or not hashable: as made
+            seen = None
+        if seen is not None and seen[0] is reentrant:
+            return seen[1]
+        made = self._shared(function, reentrant)
+        try:
+            self._seen[function] = (reentrant, made)
+        except TypeError:
+            pass
+        return made
+
+    def _shared(self, function: Any, reentrant: bool) -> Any:
+        if not isinstance(function, functools.partial):
+            return function
+        try:
+            key = (type(function), function.func, function.args, tuple(sorted(function.keywords.items())), reentrant)
+            made = self._made.get(key)
+        except TypeError:  # an argument that cannot be hashed: no setting to share
+            return self._made_of(function, reentrant)
+        if made is None:
+            made = self._made[key] = self._made_of(function, reentrant)
+        return made
+
+    @staticmethod
+    def _made_of(function: functools.partial, reentrant: bool) -> Any:
+        return PackedKeywords(function.func, *function.args, **function.keywords) if reentrant else function
 
 
 def packed_upstream(checkpoint: Any, call: Any) -> frozenset:
@@ -77,10 +124,20 @@ def hands_a_cache(layer: Any, args: tuple, kwargs: dict) -> bool:
     """Does this call hand ``layer`` a Cache that its recomputation would write again?
 
     5.x layers that only read the Cache say so (``_can_checkpoint_with_cache``): transformers keeps it for them.
+    Asked at every routed call: the Cache class looked up once per call, not per argument.
     """
     if getattr(layer, "_can_checkpoint_with_cache", False):
         return False
-    return any(_is_cache(value) for value in args) or any(_is_cache_argument(*item) for item in kwargs.items())
+    cache_class = getattr(sys.modules.get("transformers.cache_utils"), "Cache", None)
+    if not isinstance(cache_class, type):
+        cache_class = ()  # isinstance(x, ()) is False: only the keyword names tell
+    for value in args:
+        if isinstance(value, cache_class):
+            return True
+    for name, value in kwargs.items():
+        if value is not None and (name in CACHE_KEYWORDS or isinstance(value, cache_class)):
+            return True
+    return False
 
 
 def without_cache(args: tuple, kwargs: dict) -> Tuple[tuple, dict]:
@@ -94,23 +151,33 @@ def without_cache(args: tuple, kwargs: dict) -> Tuple[tuple, dict]:
     return args, kept
 
 
-@contextlib.contextmanager
-def checkpointed_by_transformers(layer: Any, function: Any) -> Iterator[None]:
-    """For the calls inside, ``layer`` is checkpointed by transformers with ``function``; as it was afterwards.
+class CheckpointedByTransformers:
+    """For the calls inside ``with CheckpointedByTransformers(layer, function):``, ``layer`` is checkpointed by
+    transformers with ``function``; as it was afterwards.
 
     The recomputation runs what the layer handed ``function`` (its partial): it reads neither attribute again,
-    so restoring them once the call returns is safe for a backward that comes later.
+    so restoring them once the call returns is safe for a backward that comes later.  A class, not a generator
+    context manager: entered at every routed call (a generator's frame and its ``contextlib`` wrapper cost more).
     """
-    state = layer.__dict__
-    had_flag, flag = FLAG in state, state.get(FLAG)
-    state[FLAG] = True
-    setattr(layer, ATTRIBUTE, function)  # through a slot where one stands on its class: it records the function
-    try:
-        yield
-    finally:
-        delattr(layer, ATTRIBUTE)
-        if had_flag:
-            state[FLAG] = flag
+
+    __slots__ = ("layer", "function", "_had_flag", "_flag")
+
+    def __init__(self, layer: Any, function: Any) -> None:
+        self.layer, self.function = layer, function
+
+    def __enter__(self) -> None:
+        state = self.layer.__dict__
+        self._had_flag, self._flag = FLAG in state, state.get(FLAG)
+        state[FLAG] = True
+        # through a slot where one stands on its class (it records the function); object's, not Module.__setattr__'s
+        # look through the layer's parameters, buffers and modules: the name is none of them
+        object.__setattr__(self.layer, ATTRIBUTE, self.function)
+
+    def __exit__(self, *exc: Any) -> None:
+        object.__delattr__(self.layer, ATTRIBUTE)
+        state = self.layer.__dict__
+        if self._had_flag:
+            state[FLAG] = self._flag
         else:
             del state[FLAG]
 

@@ -17,7 +17,7 @@ from torch.utils.checkpoint import checkpoint
 from transformers.modeling_layers import GradientCheckpointingLayer
 
 from hotfix.checkpointing.slot import ATTRIBUTE
-from hotfix.checkpointing.torch_wrapper import (PackedKeywords, checkpointed_by_transformers, hands_a_cache,
+from hotfix.checkpointing.torch_wrapper import (PackedKeywords, CheckpointedByTransformers, hands_a_cache,
                                                 packed_upstream, transformers_layer, without_cache)
 
 
@@ -59,11 +59,11 @@ def test_a_transformers_cache_is_found_by_what_it_is_not_by_its_keyword():
 
 
 @pytest.mark.parametrize("raises", [False, True])
-def test_the_layer_is_checkpointed_by_transformers_only_inside(raises):
+def test_the_layer_is_CheckpointedByTransformers_only_inside(raises):
     layer = Layer()
     function = functools.partial(checkpoint, use_reentrant=True)
     try:
-        with checkpointed_by_transformers(layer, function):
+        with CheckpointedByTransformers(layer, function):
             assert layer.gradient_checkpointing is True and layer.__dict__[ATTRIBUTE] is function
             if raises:
                 raise KeyError("inside")
