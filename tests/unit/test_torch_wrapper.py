@@ -100,3 +100,48 @@ def test_the_fix_hands_no_cache_to_the_wrapped_layer_in_training_only(impl):
     with torch.no_grad():
         wrapped(hidden, **kwargs)
     assert layer.seen == [(cache, True, False)]
+
+
+def test_wrappers_of_one_setting_store_one_function_and_each_layer_class_is_covered_once():
+    """Every ``CheckpointWrapper`` makes its own ``partial`` of torch's checkpoint: stored as they are, each layer of a
+    model would hold another object and the slots would compose the call again at every layer.  Equal settings share
+    one stored function (REENTRANT: one ``PackedKeywords``, not one per call); another setting, or one that cannot be
+    hashed, its own.  The routed fixes' slots go on a layer's class at its first call; later calls install nothing."""
+    from hotfix.checkpointing.slot import SlotCoverage
+    from hotfix.checkpointing.torch_wrapper import StoredFunctions
+
+    stored = StoredFunctions()
+    one, two = (checkpoint_wrapper(Layer(), checkpoint_impl=CheckpointImpl.REENTRANT) for _ in range(2))
+    assert one.checkpoint_fn is not two.checkpoint_fn
+    packed = stored.of(one.checkpoint_fn, True)
+    assert isinstance(packed, PackedKeywords) and stored.of(two.checkpoint_fn, True) is packed
+    assert stored.of(one.checkpoint_fn, True) is packed  # the next call: the same object again
+    other = checkpoint_wrapper(Layer(), checkpoint_impl=CheckpointImpl.NO_REENTRANT).checkpoint_fn
+    assert stored.of(other, False) is other and stored.of(other, True) is not packed
+    unhashable = functools.partial(checkpoint, use_reentrant=True, options={"a": 1})
+    assert stored.of(unhashable, False) is unhashable
+
+    class Fresh(GradientCheckpointingLayer):  # a layer class no slot stands on yet, nor on a base short of transformers'
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(4, 4)
+
+        def forward(self, hidden):
+            return self.linear(hidden)
+
+    installed = []
+    original = SlotCoverage._install
+    SlotCoverage._install = lambda self, classes: (installed.append(set(classes)), original(self, classes))[1]
+    try:
+        wrappers = [checkpoint_wrapper(Fresh(), checkpoint_impl=CheckpointImpl.REENTRANT) for _ in range(3)]
+        hidden = torch.ones(2, 4, requires_grad=True)
+        wrappers[0](hidden).sum().backward()
+        first = list(installed)
+        for _ in range(2):
+            for wrapped in wrappers:
+                wrapped(hidden).sum().backward()
+    finally:
+        SlotCoverage._install = original
+    # the routed fixes whose slots do not stand on GradientCheckpointingLayer itself, each once, at the first call
+    assert first and all(classes == {Fresh} for classes in first), first
+    assert installed == first, installed
