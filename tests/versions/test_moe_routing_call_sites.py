@@ -6,7 +6,8 @@ recomputation only) checkpointed through each site (tests/support/moe_call_sites
 one with it: upstream wrong gradients or a CheckpointError, with hotfix every gradient equal to the step without
 checkpointing (1e-4).  unsloth-zoo 2025.11.3 loaded on CPU; DeepSpeed 0.19.8, one gloo rank; DDP and FSDP2 with
 torch's non-reentrant checkpoint (fully_shard: torch >= 2.6).  And unsloth-zoo's fused MoE router (2026.10.9, on
-transformers 5.24.0's models through tools/lab/zoo_fused_router.py, its Triton kernel a CPU stand-in).
+transformers 5.24.0's models through tools/lab/zoo_moe.py, its Triton kernel a CPU stand-in) and its own Qwen3-MoE
+block forward.
 """
 
 from __future__ import annotations
@@ -39,12 +40,12 @@ def test_each_call_site_replays_the_forward_routing(site):
 FUSED_CASES = ("qwen3_moe:reentrant", "qwen3_moe:non-reentrant", "gpt_oss:reentrant", "deepseek_v3:non-reentrant")
 
 
-def _fused_router(cases, env, late=False):
+def _zoo_moe(flags, cases, env):
     pythonpath = [matrix_path("transformers", "5.24.0"), matrix_path("unsloth-zoo", "2026.10.9")]
-    proc = run_python([str(LAB / "zoo_fused_router.py"), *(["--late"] if late else []), *cases],
+    proc = run_python([str(LAB / "zoo_moe.py"), *flags, *cases],
                       pythonpath=pythonpath, env={"OMP_NUM_THREADS": "1", **env}, timeout=600)
     lines = json_lines(proc.stdout)
-    assert len(lines) == len(cases) + 1, proc.stderr[-3000:]
+    assert len(lines) == len(cases) + ("--fused-router" in flags), proc.stderr[-3000:]
     return {line["case"]: line for line in lines}, proc.stderr
 
 
@@ -53,9 +54,9 @@ def test_unsloth_fused_router_declines_inside_checkpointed_calls():
     case's gradients differ (the kernel ran in each recomputation); with hotfix the kernel runs only in the step
     without checkpointing, the model's eager router is replayed, every gradient equal, said once.  Activated after the
     release's modules imported the gate under their own names (--late), the same."""
-    upstream, _ = _fused_router(FUSED_CASES, {"HOTFIX_DISABLE": "1"})
-    fixed, stderr = _fused_router(FUSED_CASES, {})
-    late, _ = _fused_router(FUSED_CASES[:1], {"HOTFIX_DISABLE": "1"}, late=True)
+    upstream, _ = _zoo_moe(["--fused-router"], FUSED_CASES, {"HOTFIX_DISABLE": "1"})
+    fixed, stderr = _zoo_moe(["--fused-router"], FUSED_CASES, {})
+    late, _ = _zoo_moe(["--fused-router", "--late"], FUSED_CASES[:1], {"HOTFIX_DISABLE": "1"})
     for case in FUSED_CASES:
         assert upstream[case]["status"] == "differs" and upstream[case]["kernel_recomputations"] == 2, upstream[case]
         assert fixed[case]["status"] == "equal", fixed[case]
@@ -67,3 +68,17 @@ def test_unsloth_fused_router_declines_inside_checkpointed_calls():
         assert run["callers"] == {"case": "callers", "callers_fused_outside": callers, "callers_eager_inside": callers}
     assert late[FUSED_CASES[0]]["status"] == "equal" and late[FUSED_CASES[0]]["callers_on_the_gate"] == callers
     assert stderr.count("fused MoE router (UNSLOTH_MOE_FUSED_ROUTER=1) is not used inside checkpointed calls") == 1
+
+
+def test_unsloth_zoo_block_forward_replays_the_forward_routing():
+    """unsloth-zoo's own Qwen3-MoE sparse block forward (2026.10.9's ``patch_qwen3_moe``, its experts backend on CPU,
+    transformers 5.24.0), with the drift device: upstream wrong gradients (reentrant) and a CheckpointError
+    (non-reentrant: its experts run the experts that were hit); with hotfix every gradient equal."""
+    cases = ("qwen3_moe:reentrant", "qwen3_moe:non-reentrant")
+    upstream, _ = _zoo_moe(["--block-forwards"], cases, {"HOTFIX_DISABLE": "1"})
+    fixed, _ = _zoo_moe(["--block-forwards"], cases, {})
+    for run in (upstream, fixed):
+        assert all(run[case]["block_forward"] == "unsloth_zoo.temporary_patches.qwen3_moe" for case in cases), run
+    assert upstream[cases[0]]["status"] == "differs", upstream
+    assert upstream[cases[1]]["status"] == "crash" and "CheckpointError" in upstream[cases[1]]["error"], upstream
+    assert all(fixed[case]["status"] == "equal" for case in cases), fixed

@@ -80,7 +80,8 @@ OTHER_EVIDENCE = {
     "moe-routing-replay": "[census/moe-routing.md](census/moe-routing.md): every MoE type of 4.56.2 and 5.24.0, "
                           "torch 2.13, with the drift device (no release replays routing); the fused router: "
                           "tests/versions/test_moe_routing_call_sites.py (unsloth-zoo 2026.10.9, its kernel stood in "
-                          "for on CPU; the range read in the releases' files: 2026.10.8 added it)",
+                          "for on CPU, and its Qwen3-MoE block forward; the range read in the releases' files: "
+                          "2026.10.8 added the fused router)",
     "torch-checkpoint-rng-state": "tests/unit/test_torch_checkpoint_rng_state.py (dropout, both modes), on torch 2.13 "
                                   "alone",
     "torch-compile-recompute-graph": "tests/unit/test_torch_compile_recompute_graph.py (inductor, non-reentrant), on "

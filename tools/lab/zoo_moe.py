@@ -1,21 +1,25 @@
-"""unsloth-zoo's fused MoE router (2026.10.8+, ``UNSLOTH_MOE_FUSED_ROUTER=1``) under checkpointing, on CPU.
+"""unsloth-zoo's MoE paths under checkpointing, on CPU: its fused router (2026.10.8+) and its block forwards.
 
-    python zoo_fused_router.py [--late] CASE [CASE ...]     one JSON line per case (tools/lab, a release from
-                                                            2026.10.8 and transformers 5.x first on PYTHONPATH)
+    python zoo_moe.py [--fused-router] [--block-forwards] [--late] CASE [CASE ...]
+                                one JSON line per case (tools/lab, a release from 2026.10.8 and transformers 5.x
+                                first on PYTHONPATH)
 
-The release's ``temporary_patches/moe_router_triton.py`` is loaded on CPU (zoo_loader: its package's ``__init__``
-never runs) and its own ``patch_moe_fused_router()`` swaps transformers' router classes' ``forward`` for the fused
-one, as unsloth does when it loads.  One thing does not run: the Triton kernel.  In its place (the module's
-``moe_router``, which the release's gate ``fused_route_or_none`` calls) a stand-in counts its calls and answers with
-the release's own eager reference, ``moe_router_reference``: like the kernel, it chooses the experts inside itself,
-where no ``topk`` of the model's code is called; ``_supported`` answers for CPU tensors as it does for CUDA ones.
+``--fused-router`` (``UNSLOTH_MOE_FUSED_ROUTER=1``): the release's ``temporary_patches/moe_router_triton.py`` is loaded
+on CPU (zoo_loader: its package's ``__init__`` never runs) and its own ``patch_moe_fused_router()`` swaps transformers'
+router classes' ``forward`` for the fused one, as unsloth does when it loads.  One thing does not run: the Triton
+kernel.  In its place (the module's ``moe_router``, which the release's gate ``fused_route_or_none`` calls) a
+stand-in counts its calls and answers with the release's own eager reference, ``moe_router_reference``: like the
+kernel, it chooses the experts inside itself, where no ``topk`` of the model's code is called; ``_supported`` answers
+for CPU tensors as it does for CUDA ones.  ``--block-forwards``: the release's ``patch_qwen3_moe()`` swaps
+Qwen3-MoE's sparse block forward for unsloth's own (its experts backend runs on CPU on transformers 5.x).
 
 Each CASE is one of moe_cases.py's (``MODEL:MODE[:nodrift]``: the drift device, one step without checkpointing and
-one with it), its JSON line with ``kernel_calls`` (the stand-in kernel's calls over both steps) and
+one with it), its JSON line with ``kernel_calls`` (the stand-in kernel's calls over both steps),
 ``kernel_recomputations`` (those made inside autograd's backward: a checkpoint's recomputation), ``fused``: the
-router classes the release's patch swapped, and ``callers_on_the_gate``: which of the release's modules that import
-the gate under a name of their own (``qwen3_moe``, ``qwen3_vl_moe``, ``gpt_oss``, ``moe_grouped_modulelist``) read
-hotfix's gate there.  A last line: which of them, calling the gate by that name, the kernel answered outside a
+router classes the release's patch swapped, ``block_forward``: the module Qwen3-MoE's block forward comes from, and
+``callers_on_the_gate``: which of the release's modules that import the gate under a name of their own
+(``qwen3_moe``, ``qwen3_vl_moe``, ``gpt_oss``, ``moe_grouped_modulelist``) read hotfix's gate there.  With
+``--fused-router``, a last line: which of them, calling the gate by that name, the kernel answered outside a
 checkpoint, and which were told to route eagerly inside one.  ``--late``: those modules are loaded before hotfix
 activates (start the child with ``HOTFIX_DISABLE=1``; it calls ``hotfix.activate()`` itself), as where a script
 imports unsloth before hotfix.
@@ -32,14 +36,15 @@ import sys
 CALLERS = ("qwen3_moe", "qwen3_vl_moe", "gpt_oss", "moe_grouped_modulelist")
 
 
-def install(late: bool) -> dict:
+def install(late: bool, fused_router: bool, block_forwards: bool) -> dict:
     import torch
     importlib.import_module("transformers")  # a real run imports it first; hotfix activates with it
 
     import moe_cases
     import zoo_loader
 
-    os.environ["UNSLOTH_MOE_FUSED_ROUTER"] = "1"
+    if fused_router:
+        os.environ["UNSLOTH_MOE_FUSED_ROUTER"] = "1"
     router = zoo_loader.load_temporary_patch("moe_router_triton")
     callers = [zoo_loader.load_temporary_patch(name) for name in CALLERS]
     if late:  # started with HOTFIX_DISABLE=1: upstream until here (zoo_routing.py's "activate")
@@ -55,12 +60,18 @@ def install(late: bool) -> dict:
         counts["kernel_recomputations"] += moe_cases.in_backward()
         return reference(logits, top_k, *args, **kwargs)
 
-    router.HAS_TRITON = True
-    router._supported = lambda logits, top_k, n_group: isinstance(logits, torch.Tensor) and logits.dim() == 2
-    router.moe_router = kernel
-    router.patch_moe_fused_router()
+    if fused_router:
+        router.HAS_TRITON = True
+        router._supported = lambda logits, top_k, n_group: isinstance(logits, torch.Tensor) and logits.dim() == 2
+        router.moe_router = kernel
+        router.patch_moe_fused_router()
+    if block_forwards:
+        callers[CALLERS.index("qwen3_moe")].patch_qwen3_moe()
+    from transformers.models.qwen3_moe import modeling_qwen3_moe
+
     gate = router.fused_route_or_none
     return {"counts": counts, "fused": sorted(router._SUPPORTED), "callers": callers,
+            "block_forward": modeling_qwen3_moe.Qwen3MoeSparseMoeBlock.forward.__module__,
             "callers_on_the_gate": sorted(_name(caller) for caller in callers if caller._fused_route_or_none is gate)}
 
 
@@ -88,9 +99,10 @@ def callers_asked(callers) -> dict:
 
 def main(argv=None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    late = "--late" in args
-    cases = [arg for arg in args if arg != "--late"]
-    state = install(late)
+    flags = {arg for arg in args if arg.startswith("--")}
+    cases = [arg for arg in args if not arg.startswith("--")]
+    fused_router = "--fused-router" in flags
+    state = install("--late" in flags, fused_router, "--block-forwards" in flags)
     import moe_cases
 
     for case in cases:
@@ -98,7 +110,7 @@ def main(argv=None) -> int:
         result = moe_cases.run(case)
         extra = {key: value for key, value in state.items() if key not in ("counts", "callers")}
         print(json.dumps(dict(result, **state["counts"], **extra)), flush=True)
-    if cases:  # after the cases: with hotfix a router was found, checkpointed calls are regions
+    if cases and fused_router:  # after the cases: with hotfix a router was found, checkpointed calls are regions
         print(json.dumps(dict(case="callers", **callers_asked(state["callers"]))), flush=True)
     return 0
 
