@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-# the start-up hook watches the generator too (a torch-only script's first non-reentrant call activates hotfix)
+# the start-up hook watches the generator and the class's apply too (a torch-only script's first checkpoint call
+# activates hotfix)
+from hotfix.startup.hook import CHECKPOINT_FUNCTION as FUNCTION_CLASS
 from hotfix.startup.hook import CHECKPOINT_GENERATOR as GENERATOR, CHECKPOINT_MODULE as MODULE
 
-FUNCTION_CLASS = "CheckpointFunction"
 #: the generator's leading parameters, in order (torch 2.4 - 2.15); its positional arguments after them are the call's
 GENERATOR_PARAMETERS = ("fn", "preserve_rng_state", "context_fn", "determinism_check", "debug")
 

@@ -22,9 +22,12 @@ import _thread
 
 if False:  # never runs (compiled away): the boot module's names this file uses, for readers and linters; at run time
     # this file runs in that module's namespace (module docstring), and they are there (tests/unit/test_state_constants.py)
-    from hotfix.startup.boot import (CHECKPOINT_GENERATOR, CHECKPOINT_MODULE, DDP_CLASS, DDP_MODULE,  # noqa
-                                     DISTRIBUTION, ENTRY_POINT_GROUP, MARKER, OWN_IMPORTS, PACKAGE, REINSTALL,
+    from hotfix.startup.boot import (CHECKPOINT_FUNCTION, CHECKPOINT_GENERATOR, CHECKPOINT_MODULE, DDP_CLASS,  # noqa
+                                     DDP_MODULE, DISTRIBUTION, ENTRY_POINT_GROUP, MARKER, OWN_IMPORTS, PACKAGE, REINSTALL,
                                      STANDARD_LIBRARY, STARTUP_NAMES, TRIGGERS, WATCHED, _say)
+
+
+_INHERITED = object()  # a watched attribute the owner does not define itself (inherited from a base)
 
 
 class LoaderProxy:
@@ -188,11 +191,12 @@ class ActivateOnFirstImport:
         return spec
 
     def watch_torch(self):
-        """Put the watches on torch's DDP ``__init__`` and its non-reentrant checkpoint generator (the module comment
-        at ``WATCHED``); never raises.  Each is a plain function in the original's place: its first call takes every
-        watch away, activates hotfix, and calls what stands there then (a fix's wrapper, where one applied).  Where
-        torch's import did not import its checkpoint module (torch 2.7 does not; 2.11 does), the generator is watched
-        once that module has run (``find_spec``: its loader wrapped, nothing imported here)."""
+        """Put the watches on torch's DDP ``__init__``, its non-reentrant checkpoint generator and its reentrant
+        ``CheckpointFunction.apply`` (the module comment at ``WATCHED``); never raises.  Each is a plain function (the
+        last a classmethod of one) in the original's place: its first call takes every watch away, activates hotfix,
+        and calls what stands there then (a fix's wrapper, where one applied).  Where torch's import did not import its
+        checkpoint module (torch 2.7 does not; 2.11 does), the checkpoint's watches are put once that module has run
+        (``find_spec``: its loader wrapped, nothing imported here)."""
         if self.finished or self._watches or self._checkpoint_due:
             return
         ddp = getattr(sys.modules.get(DDP_MODULE), DDP_CLASS, None)
@@ -209,24 +213,36 @@ class ActivateOnFirstImport:
             self.watch_checkpoint(checkpoint)
 
     def watch_checkpoint(self, checkpoint):
-        """The watch on ``checkpoint``'s (torch's module's) generator; never raises."""
+        """The watches on ``checkpoint``'s (torch's module's) generator and its reentrant Function's ``apply``; never
+        raises."""
         self._checkpoint_due = False
-        if self.finished or not callable(getattr(checkpoint, "__dict__", {}).get(CHECKPOINT_GENERATOR)):
+        found = getattr(checkpoint, "__dict__", {})
+        if self.finished:
             return
+        if callable(found.get(CHECKPOINT_GENERATOR)):
+            def first_non_reentrant_checkpoint(*args, **kwargs):
+                self._activate_on_call()
+                return checkpoint.__dict__[CHECKPOINT_GENERATOR](*args, **kwargs)
 
-        def first_non_reentrant_checkpoint(*args, **kwargs):
-            self._activate_on_call()
-            return checkpoint.__dict__[CHECKPOINT_GENERATOR](*args, **kwargs)
+            self._watch(checkpoint, CHECKPOINT_GENERATOR, first_non_reentrant_checkpoint)
+        function = found.get(CHECKPOINT_FUNCTION)
+        if isinstance(function, type) and callable(getattr(function, "apply", None)):
+            def first_reentrant_checkpoint(cls, *args, **kwargs):
+                self._activate_on_call()
+                return cls.apply(*args, **kwargs)  # what stands once the watch is gone: torch's, or the fixes'
 
-        self._watch(checkpoint, CHECKPOINT_GENERATOR, first_non_reentrant_checkpoint)
+            self._watch(function, "apply", first_reentrant_checkpoint, classmethod)
 
-    def _watch(self, owner, name, installed):
-        """``installed`` in the place of ``owner.name`` until :meth:`unwatch_torch`; one line where it cannot be."""
+    def _watch(self, owner, name, installed, kind=None):
+        """``installed`` (made a ``kind``, a classmethod, where given) in the place of ``owner.name`` until
+        :meth:`unwatch_torch`; one line where it cannot be.  An attribute ``owner`` inherits (``apply``: torch's
+        ``Function``'s) goes again from ``owner``'s own namespace."""
         try:
-            original = owner.__dict__[name]
-            installed.__wrapped__ = original
-            setattr(owner, name, installed)
-            self._watches.append((owner, name, original, installed))
+            original = owner.__dict__.get(name, _INHERITED)
+            installed.__wrapped__ = original if original is not _INHERITED else getattr(owner, name)
+            standing = kind(installed) if kind is not None else installed
+            setattr(owner, name, standing)
+            self._watches.append((owner, name, original, standing))
         except Exception as exc:  # never break torch's import
             _say("could not watch torch's %s.%s (%r); a torch-only script needs `import hotfix`"
                  % (getattr(owner, "__name__", owner), name, exc))
@@ -240,7 +256,10 @@ class ActivateOnFirstImport:
         self._checkpoint_due = False
         for owner, name, original, installed in watches:
             if owner.__dict__.get(name) is installed:
-                setattr(owner, name, original)
+                if original is _INHERITED:
+                    delattr(owner, name)
+                else:
+                    setattr(owner, name, original)
 
     def _notice_bypass(self):
         """A trigger in sys.modules whose code did not run under this finder's loader was loaded past it:

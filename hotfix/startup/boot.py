@@ -24,15 +24,19 @@ TRIGGERS = frozenset({"transformers", "unsloth", "unsloth_zoo"})
 
 # A torch-only script imports no trigger: a plain module, a Hub model's own code, timm, diffusers' UNet calling torch's
 # reentrant checkpoint under DDP(find_unused_parameters=True); torchtitan- or torchtune-style training (FSDP2, torch's
-# non-reentrant checkpoint with preserve_rng_state=False, compiled submodules).  Activating at `import torch` would
-# cost every torch process hotfix's import; so after torch's import the start-up hook only puts watches (plain
-# functions, no import) on DDP's __init__ and on the generator every non-reentrant checkpoint call runs (looked up as a
-# module global at each call): the first DDP built or non-reentrant checkpoint run activates hotfix, and the watches go
-# (they go too where a trigger activates first), leaving torch's own objects in place.
+# non-reentrant checkpoint with preserve_rng_state=False, compiled submodules); a script checkpointing reentrantly with
+# preserve_rng_state=False.  Activating at `import torch` would cost every torch process hotfix's import; so after
+# torch's import the start-up hook only puts watches (plain functions, no import) on DDP's __init__, on the generator
+# every non-reentrant checkpoint call runs (looked up as a module global at each call) and on the ``apply`` every
+# reentrant one ends in (``CheckpointFunction.apply``, inherited: the watch is the class's own until it goes): the
+# first DDP built or checkpoint run activates hotfix, and the watches go (they go too where a trigger activates
+# first), leaving torch's own objects in place.
 WATCHED = "torch"
 DDP_MODULE, DDP_CLASS = "torch.nn.parallel.distributed", "DistributedDataParallel"
-#: torch's checkpoint module and the generator its non-reentrant calls run (hotfix.checkpointing.torch_checkpoint's too)
+#: torch's checkpoint module, the generator its non-reentrant calls run and the autograd Function its reentrant calls
+#: apply (hotfix.checkpointing.torch_checkpoint's too)
 CHECKPOINT_MODULE, CHECKPOINT_GENERATOR = "torch.utils.checkpoint", "_checkpoint_without_reentrant_generator"
+CHECKPOINT_FUNCTION = "CheckpointFunction"
 
 # Third-party fixes declare themselves in this entry-point group; their targets
 # are only known once their module is imported, which the start-up hook cannot

@@ -1,19 +1,22 @@
-"""A torch-only script's first non-reentrant checkpoint activates hotfix: installed, no `import hotfix`, no DDP.
+"""A torch-only script's first checkpoint call activates hotfix: installed, no `import hotfix`, no DDP.
 
 torchtitan- and torchtune-style training imports torch and no trigger (transformers, unsloth) and often builds no DDP
 (FSDP2, one device); its checkpoint is torch's non-reentrant one, with ``preserve_rng_state=False`` and compiled
 submodules: torch-checkpoint-rng-state's and torch-compile-recompute-graph's cases.  Until 2026-11-30 hotfix stayed
 off in such a process.  Now the start-up hook also watches the generator every non-reentrant checkpoint call runs
-(a plain function in torch's module, no import): its first call activates hotfix and runs through the fixes.
+(a plain function in torch's module, no import) and, from the same day's later change, the ``apply`` every reentrant
+call ends in (``CheckpointFunction.apply``): the first call of either activates hotfix and runs through the fixes.
 
 Each case a fresh interpreter of the test venv, hotfix installed, upstream with ``HOTFIX_DISABLE=1``: two blocks
-with dropout under ``checkpoint(..., use_reentrant=False, preserve_rng_state=False)`` against the step without
-checkpointing (upstream wrong, with hotfix equal and one "repaired" line); tools/lab/compile_graph_order.py (the
-recomputation runs the graph compiled last upstream, its forward's with hotfix); and the watch itself (torch's own
-generator back once hotfix is active; a reentrant call and a plain step activate nothing).
+with dropout under ``checkpoint(..., preserve_rng_state=False)``, non-reentrant and reentrant, against the step
+without checkpointing (upstream wrong, with hotfix equal and one "repaired" line); tools/lab/compile_graph_order.py
+(the recomputation runs the graph compiled last upstream, its forward's with hotfix); and the watches themselves
+(torch's own generator and ``apply`` back once hotfix is active; a plain step activates nothing).
 """
 
 from __future__ import annotations
+
+import pytest
 
 from conftest import LAB, json_lines, repair_notices, run_python
 
@@ -23,12 +26,14 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+REENTRANT = sys.argv[1:] == ["reentrant"]
+
 def step(function):
     torch.manual_seed(0)
     blocks = nn.ModuleList([nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Dropout(0.5), nn.Linear(16, 8))
                             for _ in range(2)])
     torch.manual_seed(1)
-    x = torch.randn(4, 8)
+    x = torch.randn(4, 8, requires_grad=REENTRANT)  # reentrant: an input needing grad makes the node
     for block in blocks:
         x = x + (function(block, x) if function else block(x))
     x.pow(2).sum().backward()
@@ -37,7 +42,7 @@ def step(function):
 before = "hotfix" in sys.modules
 reference = step(None)
 after_plain = "hotfix" in sys.modules
-got = step(functools.partial(checkpoint, use_reentrant=False, preserve_rng_state=False))
+got = step(functools.partial(checkpoint, use_reentrant=REENTRANT, preserve_rng_state=False))
 print(json.dumps({"hotfix_before": before, "hotfix_after_plain_step": after_plain,
                   "hotfix_after": "hotfix" in sys.modules,
                   "equal": [g is not None and torch.allclose(r, g, rtol=1e-5, atol=1e-7)
@@ -47,17 +52,21 @@ print(json.dumps({"hotfix_before": before, "hotfix_after_plain_step": after_plai
 WATCH_PROBE = r"""
 import json, sys, torch
 import torch.utils.checkpoint as c
+first = sys.argv[1]  # the mode of the process's first checkpoint call
 name = "_checkpoint_without_reentrant_generator"
-seen = {"watched": c.__dict__[name].__qualname__}
+seen = {"watched": c.__dict__[name].__qualname__, "watched_apply": c.CheckpointFunction.__dict__["apply"].__func__.__qualname__}
 layer, x = torch.nn.Linear(2, 2), torch.randn(1, 2, requires_grad=True)
-c.checkpoint(layer, x, use_reentrant=True).sum().backward()
-seen["hotfix_after_reentrant"] = "hotfix" in sys.modules
-c.checkpoint(layer, x, use_reentrant=False).sum().backward()
-seen["hotfix_after_non_reentrant"] = "hotfix" in sys.modules
+layer(x).sum().backward()
+seen["hotfix_after_plain_step"] = "hotfix" in sys.modules
+c.checkpoint(layer, x, use_reentrant=first == "reentrant").sum().backward()
+seen["hotfix_after_first_checkpoint"] = "hotfix" in sys.modules
 from hotfix.junction import hooks_on
 standing = c.__dict__[name]
 seen["hooks"] = list(hooks_on(standing))
 seen["torch_generator_under_them"] = getattr(standing, "__wrapped__", None).__qualname__
+apply = c.CheckpointFunction.__dict__.get("apply")
+seen["apply_hooks"] = list(hooks_on(apply))
+seen["torch_apply_under_them"] = getattr(getattr(apply, "__wrapped__", None), "__qualname__", None)
 print(json.dumps(seen))
 """
 
@@ -69,9 +78,10 @@ def _line(args, disabled=False):
     return lines[-1], proc
 
 
-def test_a_torch_only_script_with_preserve_rng_state_false_trains_equal_with_hotfix_installed():
-    upstream, _ = _line(["-c", DROPOUT_SCRIPT], disabled=True)
-    fixed, proc = _line(["-c", DROPOUT_SCRIPT])
+@pytest.mark.parametrize("mode", ["non-reentrant", "reentrant"])
+def test_a_torch_only_script_with_preserve_rng_state_false_trains_equal_with_hotfix_installed(mode):
+    upstream, _ = _line(["-c", DROPOUT_SCRIPT, mode], disabled=True)
+    fixed, proc = _line(["-c", DROPOUT_SCRIPT, mode])
     assert not all(upstream["equal"]) and upstream["hotfix_after"] is False, upstream
     assert fixed["hotfix_before"] is False and fixed["hotfix_after_plain_step"] is False, fixed
     assert fixed["hotfix_after"] is True and all(fixed["equal"]), fixed
@@ -87,17 +97,22 @@ def test_a_torch_only_script_recomputes_with_its_forwards_compiled_graph():
     assert fixed["upstream"]["recomputation_runs_forwards_graph"] is False, fixed  # hotfix.revert() in that process
 
 
-def test_the_watch_stands_until_the_first_non_reentrant_checkpoint_and_then_goes():
-    seen, proc = _line(["-c", WATCH_PROBE])
+@pytest.mark.parametrize("first", ["non-reentrant", "reentrant"])
+def test_the_watches_stand_until_the_first_checkpoint_and_then_go(first):
+    seen, proc = _line(["-c", WATCH_PROBE, first])
     assert seen["watched"].endswith("first_non_reentrant_checkpoint"), seen
-    assert seen["hotfix_after_reentrant"] is False, seen  # a reentrant call under no DDP activates nothing
-    assert seen["hotfix_after_non_reentrant"] is True, seen
-    # the fixes joined torch's own generator: the watch is gone from under them
+    assert seen["watched_apply"].endswith("first_reentrant_checkpoint"), seen
+    assert seen["hotfix_after_plain_step"] is False, seen  # a step without checkpointing activates nothing
+    assert seen["hotfix_after_first_checkpoint"] is True, seen
+    # the fixes joined torch's own generator and apply: the watches are gone from under them
     assert "torch-compile-recompute-graph" in seen["hooks"], seen
     assert seen["torch_generator_under_them"] == "_checkpoint_without_reentrant_generator", seen
+    assert "torch-checkpoint-rng-state" in seen["apply_hooks"], seen
+    assert seen["torch_apply_under_them"] == "Function.apply", seen  # the inherited classmethod, torch's own
     disabled, _ = _line(["-c", "import json, torch, torch.utils.checkpoint as c; print(json.dumps("
-                               "{'standing': c._checkpoint_without_reentrant_generator.__qualname__}))"], disabled=True)
-    assert disabled["standing"] == "_checkpoint_without_reentrant_generator", disabled  # HOTFIX_DISABLE: no watch
+                               "{'standing': c._checkpoint_without_reentrant_generator.__qualname__, "
+                               "'own_apply': 'apply' in c.CheckpointFunction.__dict__}))"], disabled=True)
+    assert disabled == {"standing": "_checkpoint_without_reentrant_generator", "own_apply": False}, disabled
 
 
 def test_import_hotfix_after_torch_takes_the_watches_away_before_the_fixes_attach():
@@ -106,11 +121,12 @@ def test_import_hotfix_after_torch_takes_the_watches_away_before_the_fixes_attac
     checkpoint skipped, one line each)."""
     probe = ("import json, torch, hotfix, torch.utils.checkpoint as c; "
              "from torch.nn.parallel import DistributedDataParallel as D; from hotfix.junction import hooks_on; "
-             "g = c.__dict__['_checkpoint_without_reentrant_generator']; "
+             "g = c.__dict__['_checkpoint_without_reentrant_generator']; a = c.CheckpointFunction.__dict__['apply']; "
              "print(json.dumps({'hooks': list(hooks_on(g)), 'under': g.__wrapped__.__qualname__, "
-             "'ddp_init': D.__init__.__qualname__}))")
+             "'apply_hooks': list(hooks_on(a)), 'ddp_init': D.__init__.__qualname__}))")
     seen, proc = _line(["-c", probe])
     assert "skipped" not in proc.stderr, proc.stderr[-2000:]
     assert seen["under"] == "_checkpoint_without_reentrant_generator", seen
     assert {"torch-checkpoint-rng-state", "torch-compile-recompute-graph", "moe-routing-replay"} <= set(seen["hooks"])
     assert seen["ddp_init"] == "DistributedDataParallel.__init__", seen
+    assert "torch-checkpoint-rng-state" in seen["apply_hooks"], seen
