@@ -241,6 +241,21 @@ def test_report_judges_the_moe_cases(tmp_path):
     assert problems == ["transformers 4.56.2 qwen3_moe:non-reentrant: the drift device flipped no token upstream",
                         "transformers 5.23.0 qwen3_moe:non-reentrant: with hotfix differs"], problems
     assert report.moe_summary(str(tmp_path / "none")) is None
+    # unsloth-zoo's fused router (zoo_moe.py): the kernel must have chosen in upstream's recomputations and in none
+    # of hotfix's; its last line (the callers) is no case
+    write("4-upstream.jsonl", [row(cases[0], "crash", "4.56.2"), row(cases[1], "equal", "4.56.2")])
+    write("5-hotfix.jsonl", [row(case, "equal", "5.23.0") for case in cases])
+    fused = "qwen3_moe:reentrant"
+    write("zoo-upstream.jsonl", [dict(row(fused, "differs", "5.23.0"), kernel_recomputations=2),
+                                 {"case": "callers", "callers_eager_inside": []}])
+    write("zoo-hotfix.jsonl", [dict(row(fused, "equal", "5.23.0"), kernel_recomputations=0),
+                               {"case": "callers", "callers_eager_inside": ["qwen3_moe"]}])
+    found = report.moe_summary(str(tmp_path))
+    assert found["problems"] == [] and len(found["rows"]) == 5, found
+    write("zoo-hotfix.jsonl", [dict(row(fused, "equal", "5.23.0"), kernel_recomputations=2)])
+    assert report.moe_summary(str(tmp_path))["problems"] == [
+        "transformers 5.23.0 qwen3_moe:reentrant (unsloth-zoo's fused router): with hotfix the kernel chose in 2 "
+        "recomputation(s)"]
 
 
 def test_pinned_summary_wants_upstream_refused_and_hotfix_equal(tmp_path):

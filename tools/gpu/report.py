@@ -277,18 +277,31 @@ def moe_summary(out):
     if not os.path.isdir(folder):
         return None
     rows, problems = [], []
-    for line in ("4", "5"):
-        runs = {side: {r["case"]: r for r in _lines(os.path.join(folder, f"{line}-{side}.jsonl"))}
+    # "zoo": unsloth-zoo's fused router with its Triton kernel (tools/lab/zoo_moe.py; runs before 2026-11-30 lack it)
+    for line in ("4", "5", "zoo"):
+        runs = {side: {r["case"]: r for r in _lines(os.path.join(folder, f"{line}-{side}.jsonl")) or []}
                 for side in ("upstream", "hotfix")}
+        if line == "zoo" and not (runs["upstream"] or runs["hotfix"]):
+            continue
         for case in dict.fromkeys(list(runs["upstream"]) + list(runs["hotfix"])):
             up, fixed = runs["upstream"].get(case), runs["hotfix"].get(case)
+            if case == "callers":  # zoo_moe.py's last line: which of the release's modules were told to route eagerly
+                continue
             transformers = (fixed or up or {}).get("transformers")
-            rows.append({"transformers": transformers, "case": case, "upstream": up, "hotfix": fixed})
+            label = case if line != "zoo" else f"{case} (unsloth-zoo's fused router)"
+            rows.append({"transformers": transformers, "case": label, "upstream": up, "hotfix": fixed})
             if fixed is None or (fixed.get("status") not in ("equal", "n/a")):
-                problems.append(f"transformers {transformers} {case}: with hotfix "
+                problems.append(f"transformers {transformers} {label}: with hotfix "
                                 f"{(fixed or {}).get('status', 'no result')}")
             elif "nodrift" not in case and up is not None and up.get("status") == "equal":
-                problems.append(f"transformers {transformers} {case}: the drift device flipped no token upstream")
+                problems.append(f"transformers {transformers} {label}: the drift device flipped no token upstream")
+            if line == "zoo" and fixed is not None and fixed.get("status") == "equal":
+                if (up or {}).get("kernel_recomputations", 0) < 1:
+                    problems.append(f"transformers {transformers} {label}: upstream the kernel chose in no "
+                                    f"recomputation (the case proved nothing)")
+                if fixed.get("kernel_recomputations") != 0:
+                    problems.append(f"transformers {transformers} {label}: with hotfix the kernel chose in "
+                                    f"{fixed.get('kernel_recomputations')} recomputation(s)")
     return {"rows": rows, "problems": problems}
 
 
