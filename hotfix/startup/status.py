@@ -91,7 +91,7 @@ def startup_hook(package_dir: str, disabled: bool) -> str:
     if finder is not None:
         where = installed or getattr(sys.modules.get(BOOT_MODULE), "__file__", None) or "a start-up file"
         text = (f"in effect ({where}): a script that never imports hotfix is patched when it imports "
-                f"{triggers_text()}, or builds torch's DistributedDataParallel")
+                f"{triggers_text()}, builds torch's DistributedDataParallel or runs torch's checkpoint")
         loads = getattr(finder, "home", None)
         if loads and not _same(loads, home):
             text += f"; the hook loads hotfix from {loads}, this command runs {package_dir}"
