@@ -29,16 +29,17 @@ def forward_through_transformers(fix: "TorchCheckpointWrapper") -> Callable:
     """The wrapt wrapper of ``CheckpointWrapper.forward`` (built at the first apply: torch is imported then)."""
     import torch
 
-    from hotfix.checkpointing.torch_wrapper import (CheckpointedByTransformers, StoredFunctions, hands_a_cache,
-                                                    missing, routed_fixes, transformers_layer, without_cache)
+    from hotfix.checkpointing.torch_wrapper import (CheckpointedByTransformers, RoutePlans, StoredFunctions,
+                                                    hands_a_cache, transformers_layer, without_cache)
 
     is_grad_enabled, is_compiling = torch.is_grad_enabled, torch.compiler.is_compiling
-    stored = StoredFunctions()
+    stored, plans = StoredFunctions(), RoutePlans(fix)
 
     def checkpoint_as_transformers_does(wrapped, instance, args, kwargs):  # named: a wrapper chain reads which is where
         layer = getattr(instance, "_checkpoint_wrapped_module", None)
         if (layer is None or not transformers_layer(layer) or not layer.training or not is_grad_enabled()
-                or getattr(layer, "gradient_checkpointing", False) or is_compiling() or missing(fix)):
+                or getattr(layer, "gradient_checkpointing", False) or is_compiling()
+                or plans.missing(type(layer))):  # (the routed fixes' slots stand on the layer's class once it says none)
             return wrapped(*args, **kwargs)
         reentrant = getattr(getattr(instance, "checkpoint_impl", None), "name", None) == "REENTRANT"
         function = stored.of(instance.checkpoint_fn, reentrant)
@@ -49,9 +50,7 @@ def forward_through_transformers(fix: "TorchCheckpointWrapper") -> Callable:
                 fix.repaired("a layer checkpointed by torch's checkpoint_wrapper gets no Cache in training, as under "
                              "transformers' own checkpointing (its recomputation wrote the Cache a second time)")
             args, kwargs = without_cache(args, kwargs)
-        for slot_fix in routed_fixes(fix):  # before the function is stored: through the slots, which record it
-            slot_fix.coverage.cover_layer(layer)
-        with CheckpointedByTransformers(layer, function):
+        with CheckpointedByTransformers(layer, function):  # stored through the slots, which record it
             return layer(*args, **kwargs)
 
     return checkpoint_as_transformers_does

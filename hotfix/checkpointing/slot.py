@@ -300,11 +300,10 @@ class SlotCoverage:
             if slot is not None:
                 slot.hold(module, module.__dict__[ATTRIBUTE])
 
-    def cover_layer(self, layer: Any) -> None:
-        """Install the slot on ``layer``'s class, where this fix's slot does not stand along its MRO yet: for a layer
-        that is the one holder of its call's function (torch-checkpoint-wrapper's routed call, at each call: one
-        look along the MRO once the class is covered, not a walk over the layer's modules)."""
-        cls = type(layer)
+    def cover_class(self, cls: type) -> None:
+        """Install the slot on the layer class ``cls``, where this fix's slot does not stand along its MRO yet: for
+        layers that are the one holder of their call's function (torch-checkpoint-wrapper's routed calls: one look
+        along the MRO, not a walk over the layer's modules)."""
         for klass in cls.__mro__:
             slot = klass.__dict__.get(ATTRIBUTE)
             while isinstance(slot, CheckpointFunctionSlot):

@@ -25,7 +25,7 @@ from typing import Any, List, Tuple
 from hotfix import relations
 from hotfix.checkpointing.slot import ATTRIBUTE
 
-__all__ = ["CLASS_NAME", "PackedKeywords", "StoredFunctions", "CheckpointedByTransformers", "hands_a_cache", "missing", "packed_upstream",
+__all__ = ["CLASS_NAME", "PackedKeywords", "RoutePlans", "StoredFunctions", "CheckpointedByTransformers", "hands_a_cache", "missing", "packed_upstream",
            "routed_fixes",
            "transformers_layer", "without_cache"]
 
@@ -192,3 +192,35 @@ def routed_fixes(fix: Any) -> Tuple[Any, ...]:
     """The applied fixes on transformers' checkpoint function that act on a call ``fix`` routes to it
     (``relations.ALWAYS`` and ``relations.ROUTED``): their slots go on the layer's class."""
     return tuple(other for other in fix.relied_on(relations.ALWAYS) + fix.relied_on(relations.ROUTED) if other.applied)
+
+
+class RoutePlans:
+    """What ``fix``'s routed calls of a layer class need, decided once per class, not at every call: the fixes it
+    relies on that are missing (then it leaves the call as upstream makes it) and, where none is, the routed fixes'
+    slots put on the class.  Decided again where a relied fix was applied or reverted since, or what stands along the
+    class's MRO changed (a slot put or taken away).  Asking at each call whether every relied fix was applied and
+    looking for each one's slot along the MRO cost 4 - 6 µs a routed call (tools/bench/wrapper_site_cost.py)."""
+
+    def __init__(self, fix: Any) -> None:
+        self._fix = fix
+        # layer class -> (missing, the relied fixes' applied states, the MRO's ``__dict__.get``s, what they answered)
+        self._plans: "weakref.WeakKeyDictionary[type, tuple]" = weakref.WeakKeyDictionary()
+
+    def missing(self, cls: type) -> List[str]:
+        """The fixes missing for a routed call of a ``cls`` layer (none: the class's slots stand)."""
+        relied = self._fix.relied_on(relations.ALWAYS) + self._fix.relied_on(relations.ROUTED)
+        states = tuple(other.applied for other in relied)
+        plan = self._plans.get(cls)
+        if plan is not None and plan[1] == states:
+            for entry, standing in zip(plan[2], plan[3]):
+                if entry(ATTRIBUTE) is not standing:
+                    break
+            else:
+                return plan[0]
+        found = missing(self._fix)
+        if not found:
+            for slot_fix in routed_fixes(self._fix):
+                slot_fix.coverage.cover_class(cls)
+        entries = tuple(klass.__dict__.get for klass in cls.__mro__)
+        self._plans[cls] = (found, states, entries, tuple(entry(ATTRIBUTE) for entry in entries))
+        return found

@@ -145,3 +145,26 @@ def test_wrappers_of_one_setting_store_one_function_and_each_layer_class_is_cove
     # the routed fixes whose slots do not stand on GradientCheckpointingLayer itself, each once, at the first call
     assert first and all(classes == {Fresh} for classes in first), first
     assert installed == first, installed
+
+
+@pytest.mark.parametrize("impl", [CheckpointImpl.REENTRANT, CheckpointImpl.NO_REENTRANT])
+def test_a_routed_class_is_decided_again_where_a_fix_it_relies_on_is_reverted_and_applied(impl):
+    """torch-checkpoint-wrapper decides once per layer class what its routed calls need (``RoutePlans``): with
+    transformers-checkpoint-layer-io reverted the wrapper's call is upstream's (the Cache reaches the layer); applied
+    again, the class's calls are routed again (no Cache)."""
+    import hotfix
+    from conftest import reverted
+
+    layer = Layer()
+    wrapped = checkpoint_wrapper(layer, checkpoint_impl=impl)
+    cache, hidden = object(), torch.ones(2, 4, requires_grad=True)
+
+    def first_seen():
+        layer.seen.clear()
+        wrapped(hidden, past_key_values=cache, use_cache=True).sum().backward()
+        return layer.seen[0][0]
+
+    assert first_seen() is None  # routed: no Cache, as under transformers' checkpointing
+    with reverted(hotfix.known_patches()["transformers-checkpoint-layer-io"]):
+        assert first_seen() is cache  # the fix it relies on for every call is not applied: upstream's call
+    assert first_seen() is None
