@@ -128,6 +128,7 @@ DIFFUSION_GEMMA_CACHE = (
 class TransformersCheckpointLayerIO(CheckpointFunctionFix):
     name = "transformers-checkpoint-layer-io"
     aliases = ("transformers-keyword-tensors",)  # its name until 0.1.0; still accepted as an opt-out
+    reentrant_only = True  # its wrapper hands every non-reentrant call on as it is
     # modeling_utils: the classes models store a checkpoint function on (direct callers, every release);
     # modeling_layers (4.52+): GradientCheckpointingLayer, which binds keywords in a partial.
     targets = (MODELING_UTILS, MODELING_LAYERS)

@@ -65,6 +65,7 @@ def checkpoint_with_visible_parameters(fix: CheckpointFunctionFix) -> Callable:
 
 class TransformersDdpFindUnused(CheckpointFunctionFix):
     name = "transformers-ddp-find-unused"
+    reentrant_only = True  # its wrapper hands every non-reentrant call on as it is
     # torch's DDP reducer has the defect on every release measured (2.13.0, 2.14.1; none fixes it): the
     # range is transformers' (where the hook exists); the drift check reads torch's side.
     mechanisms = (

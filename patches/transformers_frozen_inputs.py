@@ -68,6 +68,7 @@ def checkpoint_with_anchor(fix: CheckpointFunctionFix) -> Callable:
 
 class TransformersFrozenInputs(CheckpointFunctionFix):
     name = "transformers-frozen-inputs"
+    reentrant_only = True  # its wrapper hands every non-reentrant call on as it is
     # Ranges equal to the census's evidence (docs/versions.md)
     mechanisms = (
         on_every_reached_release("frozen-layer-inputs",

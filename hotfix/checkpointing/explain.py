@@ -15,7 +15,7 @@ import functools
 import sys
 from typing import Any, List
 
-from hotfix.checkpointing.slot import ATTRIBUTE, slots_on
+from hotfix.checkpointing.slot import ATTRIBUTE, non_reentrant, slots_on
 from hotfix.checkpointing.torch_checkpoint import FUNCTION_CLASS, GENERATOR, MODULE as TORCH_CHECKPOINT
 from hotfix.checkpointing.unsloth import CLASS_NAME as UNSLOTH_CLASS, MODULE as UNSLOTH_MODULE
 from hotfix.junction import hooks_on
@@ -49,10 +49,15 @@ def what_runs(layer: Any) -> List[str]:
         lines.append("  no hotfix slot on its class: the stored function runs as transformers stored it")
     else:
         lines.append("  reading it, hotfix's slots, outermost first:")
+        acting = [slot for slot in slots if raw is not None and slot.acts_on(raw)]
+        # slot._compose's rule: a non-reentrant stored function whose acting slots act on reentrant calls only
+        bypassed = bool(acting) and non_reentrant(raw) and all(slot.reentrant_only for slot in acting)
         for slot in reversed(slots):  # slots_on: innermost first
-            acts = raw is not None and slot.acts_on(raw)
+            said = ": steps aside here" if slot not in acting else (
+                ": out of the call (non-reentrant: only a call passing use_reentrant=True goes through it)"
+                if bypassed else "")
             lines.append("    %s (%s, on %s)%s" % (slot.fix or "?", getattr(slot.wrapper, "__name__", "?"),
-                                                    slot.owner.__qualname__, "" if acts else ": steps aside here"))
+                                                    slot.owner.__qualname__, said))
     inner = raw.func if isinstance(raw, functools.partial) else raw
     module = getattr(inner, "__module__", "")
     if module == TORCH_CHECKPOINT and TORCH_CHECKPOINT in sys.modules:

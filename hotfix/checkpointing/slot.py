@@ -10,7 +10,9 @@ in a fixed order (by ``rank``, outermost highest), whichever classes hold them; 
 installs and reverts only its own.  The composition is made once per (module class, stored
 function) and kept while the slots standing on the class's MRO are the same objects (a tuple of
 the classes' entries, compared at each read) and each fix whose answer for that function may
-change (``settled``) answers as before.  Under ``torch.compile`` the raw function is handed out:
+change (``settled``) answers as before; a non-reentrant stored function (transformers 5.x's default) whose acting
+slots act on reentrant calls only is handed out with one layer that routes only a call asking ``use_reentrant=True``
+through them.  Under ``torch.compile`` the raw function is handed out:
 dynamo traces the checkpoint itself, where the reentrant bugs do not exist.  Dynamo inlines the
 slot's ``__get__``; there the function comes from the slot (the one function every module it
 answers for holds, recorded as they store it), not from ``instance.__dict__``: torch 2.11's dynamo
@@ -26,6 +28,7 @@ transformers' enablers set it (and on unpickling, and for models built before ac
 
 from __future__ import annotations
 
+import functools
 import weakref
 from typing import Any, Callable, Dict, NamedTuple, Optional, Tuple
 
@@ -85,6 +88,26 @@ class _Composed(NamedTuple):
     wrapper: Any
 
 
+def non_reentrant(raw: Any) -> bool:
+    """Is ``raw`` a stored function whose calls are non-reentrant unless one asks otherwise: a ``partial`` with
+    ``use_reentrant`` set and false (``hotfix.checkpointing.inputs.is_reentrant``'s rule: unset is reentrant)?"""
+    if not isinstance(raw, functools.partial):
+        return False
+    value = raw.keywords.get("use_reentrant")
+    return value is not None and not value
+
+
+def through_slots_if_reentrant(composed: Any) -> Callable:
+    """The wrapt wrapper around a non-reentrant stored function whose slots act on reentrant calls only: a call is
+    the function's own, unless it passes ``use_reentrant=True`` itself; that one goes through ``composed``."""
+    def non_reentrant_call(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+        if kwargs.get("use_reentrant"):
+            return composed(*args, **kwargs)
+        return wrapped(*args, **kwargs)
+
+    return non_reentrant_call
+
+
 def _first_slot(cls: type) -> Optional["CheckpointFunctionSlot"]:
     """The slot Python's attribute lookup finds on ``cls`` (the first class of its MRO defining ``ATTRIBUTE``)."""
     for klass in cls.__mro__:
@@ -118,7 +141,7 @@ class CheckpointFunctionSlot(property):
     def __init__(self, owner: type, wrapper: Callable, is_compiling: Callable[[], bool], rank: int,
                  displaced: Optional["CheckpointFunctionSlot"] = None,
                  serves: Callable[[Any], bool] = always, settled: Optional[Callable[[Any], bool]] = None,
-                 fix: str = "", active: Optional[Callable[[], Any]] = None) -> None:
+                 fix: str = "", active: Optional[Callable[[], Any]] = None, reentrant_only: bool = False) -> None:
         slot = self
         super().__init__(lambda instance: read_under_compile(slot, instance))
         keep_dynamo_out_of_hotfix()  # torch is imported: the modules this slot serves are torch modules
@@ -134,6 +157,9 @@ class CheckpointFunctionSlot(property):
         # Where its fix acts only in some state of the process (inside a DDP forward): a callable without arguments
         # that returns None outside it, asked at each read (a C callable costs the read no Python frame)
         self.active = active
+        # Its fix acts on reentrant calls only (hands every non-reentrant call on as it is): out of the composed call
+        # of a non-reentrant stored function (``_compose``)
+        self.reentrant_only = reentrant_only
         # Another fix's slot that stood on ``owner`` first: it keeps working through this one, and comes
         # back when this fix reverts (fixes revert in the reverse order of application).
         self.displaced = displaced
@@ -183,7 +209,7 @@ class CheckpointFunctionSlot(property):
         return bool(self.serves(raw)) and (self.active is None or self.active() is not None)
 
     def _compose(self, cls: type, raw: Any) -> _Composed:
-        wrapper, states, unsettled = raw, [], []
+        acting, states, unsettled = [], [], []
         for slot in slots_on(cls):
             serves = bool(slot.serves(raw))
             if not slot.settled(raw):
@@ -193,7 +219,14 @@ class CheckpointFunctionSlot(property):
                 now = slot.active() is not None
                 states.append((slot.active, now))
             if serves and now:
-                wrapper = wrapt.FunctionWrapper(wrapper, slot.wrapper)
+                acting.append(slot)
+        wrapper = raw
+        for slot in acting:
+            wrapper = wrapt.FunctionWrapper(wrapper, slot.wrapper)
+        if acting and non_reentrant(raw) and all(slot.reentrant_only for slot in acting):
+            # transformers 5.x's default, TRL's kwargs: the stored function as it is, unless a call asks for
+            # reentrant checkpointing itself (tools/bench/wrapper_cost.py: the slots' layers cost such a call ~5 µs)
+            wrapper = wrapt.FunctionWrapper(raw, through_slots_if_reentrant(wrapper))
         entries = tuple(klass.__dict__.get for klass in cls.__mro__)
         composed = _Composed(raw, entries, tuple(entry(ATTRIBUTE) for entry in entries), tuple(states),
                              tuple(unsettled), wrapper)
@@ -260,9 +293,9 @@ class SlotCoverage:
 
     def __init__(self, patch: Any, wrapper: Callable, rank: int,
                  serves: Callable[[Any], bool] = always, settled: Optional[Callable[[Any], bool]] = None,
-                 active: Optional[Callable[[], Any]] = None) -> None:
+                 active: Optional[Callable[[], Any]] = None, reentrant_only: bool = False) -> None:
         self.patch, self.wrapper, self.rank, self.serves, self.settled = patch, wrapper, rank, serves, settled
-        self.active = active
+        self.active, self.reentrant_only = active, reentrant_only
 
     def hook(self, modeling_utils: Any) -> None:
         """Cover after every enabler of ``PreTrainedModel``, and the models that exist already."""
@@ -328,4 +361,5 @@ class SlotCoverage:
         from torch.compiler import is_compiling
 
         return CheckpointFunctionSlot(cls, self.wrapper, is_compiling, rank=self.rank, displaced=displaced,
-                                      serves=self.serves, settled=self.settled, fix=self.patch.name, active=self.active)
+                                      serves=self.serves, settled=self.settled, fix=self.patch.name, active=self.active,
+                                      reentrant_only=self.reentrant_only)

@@ -40,6 +40,9 @@ class CheckpointFunctionFix(Patch):
     """A fix whose slots wrap ``module._gradient_checkpointing_func`` (``targets`` include ``MODELING_UTILS``)."""
 
     targets = (MODELING_UTILS,)
+    #: True where the fix acts on reentrant calls only (it hands every non-reentrant call on as it is): its slot is
+    #: then out of the composed call of a stored function that is non-reentrant (``slot.non_reentrant``)
+    reentrant_only = False
 
     def __init__(self) -> None:
         super().__init__()
@@ -50,7 +53,7 @@ class CheckpointFunctionFix(Patch):
         """This fix's slot coverage, made with its wrapper at the first apply."""
         if self._coverage is None:
             self._coverage = SlotCoverage(self, self.wrapper, relations.slot_rank(self.name), self.serves,
-                                          self.settled, self.acting_while())
+                                          self.settled, self.acting_while(), self.reentrant_only)
         return self._coverage
 
     def acting_while(self) -> Optional[Callable[[], Any]]:

@@ -346,6 +346,36 @@ def test_slots_compose_by_rank_whichever_class_holds_them_and_the_instance_keeps
             delattr(owner, ATTRIBUTE)
 
 
+def test_a_non_reentrant_stored_function_runs_without_the_slots_that_act_on_reentrant_calls_only():
+    """transformers 5.x's default (``partial(checkpoint, use_reentrant=False)``): where every slot acting on the
+    function acts on reentrant calls only, a call is the stored function's own (no slot layer: ~5 µs a call); a
+    call that passes ``use_reentrant=True`` itself still goes through them.  A slot acting on non-reentrant calls
+    too (unsloth-zoo-nonreentrant-offload's kind) keeps every layer in the call."""
+    def checkpoint(function, *args, use_reentrant=None):
+        return ("ran", use_reentrant, function(*args))
+
+    slots = {Base: CheckpointFunctionSlot(Base, _tag("base"), lambda: False, rank=20, reentrant_only=True),
+             Layer: CheckpointFunctionSlot(Layer, _tag("layer"), lambda: False, rank=10, reentrant_only=True)}
+    for owner, slot in slots.items():
+        setattr(owner, ATTRIBUTE, slot)
+    try:
+        layer = Layer()
+        setattr(layer, ATTRIBUTE, functools.partial(checkpoint, use_reentrant=False))
+        stored = getattr(layer, ATTRIBUTE)
+        assert stored(abs, -2) == ("ran", False, 2)  # no slot in the call
+        assert stored(abs, -2, use_reentrant=True) == ("base", ("layer", ("ran", True, 2)))
+        assert stored.keywords == {"use_reentrant": False}  # read as the stored function
+        setattr(layer, ATTRIBUTE, functools.partial(checkpoint, use_reentrant=True))
+        assert getattr(layer, ATTRIBUTE)(abs, -2) == ("base", ("layer", ("ran", True, 2)))
+        slots[Layer].reentrant_only = False  # a slot that acts on non-reentrant calls too: every slot stays
+        setattr(layer, ATTRIBUTE, functools.partial(checkpoint, use_reentrant=False))
+        setattr(Layer, ATTRIBUTE, slots[Layer])  # (the class's entry read again: the composition is made anew)
+        assert getattr(layer, ATTRIBUTE)(abs, -2) == ("base", ("layer", ("ran", False, 2)))
+    finally:
+        for owner in slots:
+            delattr(owner, ATTRIBUTE)
+
+
 def test_the_composition_is_made_once_per_class_and_function_and_again_when_what_decides_it_changes():
     """Issue 52 part 1: a read no longer walks the MRO, asks every slot and builds wrappers; it reuses the
     composition made for (class, function) while the slots standing on the MRO are the same objects and every
