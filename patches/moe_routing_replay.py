@@ -95,7 +95,8 @@ class MoeRoutingReplay(Patch):
                "forward and recomputation (MoE models: Qwen3-MoE, Mixtral, gpt-oss, DeepSeek), or wrong gradients")
     details = ("routers found in the model's code (topk, or a helper sampling experts) when checkpointing is enabled "
                "(transformers' enablers, torch's checkpoint_wrapper); the forward's choice replayed in the "
-               "recomputation")
+               "recomputation; unsloth-zoo's fused router (UNSLOTH_MOE_FUSED_ROUTER=1) steps aside inside "
+               "checkpointed calls")
     upstream = "huggingface/transformers#47467 (fix PR #47508 closed unmerged); pytorch/pytorch#171355"
 
     def __init__(self) -> None:
