@@ -15,7 +15,7 @@ import functools
 import sys
 from typing import Any, List
 
-from hotfix.checkpointing.slot import ATTRIBUTE, non_reentrant, slots_on
+from hotfix.checkpointing.slot import ATTRIBUTE, reentrant_slots_bypassed, slots_on
 from hotfix.checkpointing.torch_checkpoint import FUNCTION_CLASS, GENERATOR, MODULE as TORCH_CHECKPOINT
 from hotfix.checkpointing.unsloth import CLASS_NAME as UNSLOTH_CLASS, MODULE as UNSLOTH_MODULE
 from hotfix.junction import hooks_on
@@ -50,8 +50,7 @@ def what_runs(layer: Any) -> List[str]:
     else:
         lines.append("  reading it, hotfix's slots, outermost first:")
         acting = [slot for slot in slots if raw is not None and slot.acts_on(raw)]
-        # slot._compose's rule: a non-reentrant stored function whose acting slots act on reentrant calls only
-        bypassed = bool(acting) and non_reentrant(raw) and all(slot.reentrant_only for slot in acting)
+        bypassed = reentrant_slots_bypassed(raw, acting)
         for slot in reversed(slots):  # slots_on: innermost first
             said = ": steps aside here" if slot not in acting else (
                 ": out of the call (non-reentrant: only a call passing use_reentrant=True goes through it)"

@@ -24,6 +24,7 @@ import torch
 import wrapt
 
 from hotfix.checkpointing.layer_call import ShownCall
+from hotfix.checkpointing.slot import non_reentrant
 from hotfix.checkpointing.structure import find_grad_tensors, hides_nothing, is_tensor, rebuild
 
 __all__ = ["anchored", "first_input_needs_grad", "lift_closure_tensors", "find_grad_tensors", "hides_nothing",
@@ -45,9 +46,8 @@ def is_reentrant(checkpoint: Any, kwargs: dict) -> bool:
             if not issubclass(type(checkpoint), wrapt.FunctionWrapper):
                 break
             checkpoint = checkpoint.__wrapped__
-        if isinstance(checkpoint, functools.partial):
-            value = checkpoint.keywords.get("use_reentrant")
-    return value is None or bool(value)
+        return not non_reentrant(checkpoint)  # the stored function's rule (slot composes by it too)
+    return bool(value)
 
 
 def layer_call(function: Any) -> Any:

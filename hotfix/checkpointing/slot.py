@@ -97,6 +97,12 @@ def non_reentrant(raw: Any) -> bool:
     return value is not None and not value
 
 
+def reentrant_slots_bypassed(raw: Any, acting: list) -> bool:
+    """Does the composed call of ``raw`` leave the ``acting`` slots out (a non-reentrant stored function, every slot
+    acting on it acting on reentrant calls only)?  ``_compose`` builds by it; ``explain.what_runs`` says it."""
+    return bool(acting) and non_reentrant(raw) and all(slot.reentrant_only for slot in acting)
+
+
 def through_slots_if_reentrant(composed: Any) -> Callable:
     """The wrapt wrapper around a non-reentrant stored function whose slots act on reentrant calls only: a call is
     the function's own, unless it passes ``use_reentrant=True`` itself; that one goes through ``composed``."""
@@ -223,7 +229,7 @@ class CheckpointFunctionSlot(property):
         wrapper = raw
         for slot in acting:
             wrapper = wrapt.FunctionWrapper(wrapper, slot.wrapper)
-        if acting and non_reentrant(raw) and all(slot.reentrant_only for slot in acting):
+        if reentrant_slots_bypassed(raw, acting):
             # transformers 5.x's default, TRL's kwargs: the stored function as it is, unless a call asks for
             # reentrant checkpointing itself (tools/bench/wrapper_cost.py: the slots' layers cost such a call ~5 µs)
             wrapper = wrapt.FunctionWrapper(raw, through_slots_if_reentrant(wrapper))
@@ -251,14 +257,14 @@ class CheckpointFunctionSlot(property):
     def hold(self, instance: Any, raw: Any) -> None:
         """Record ``raw`` as what ``instance`` holds (read back under torch.compile)."""
         try:
-            if self._held.get(instance, self) is raw:
+            previous = self._held.get(instance, self)
+            if previous is raw:
                 return
-            replaced = instance in self._held
             self._held[instance] = raw
         except TypeError:  # a module class that is not hashable: compiled reads fall back to __dict__
             self._common = None
             return
-        if raw is self._common and not replaced:  # one more module holding the common function: it stays common
+        if raw is self._common and previous is self:  # one more module holding the common function: it stays common
             return
         if len(self._held) == 1:  # the one module held (torch-checkpoint-wrapper's routed layer, during its call)
             self._common = raw

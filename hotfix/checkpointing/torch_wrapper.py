@@ -25,9 +25,8 @@ from typing import Any, List, Tuple
 from hotfix import relations
 from hotfix.checkpointing.slot import ATTRIBUTE
 
-__all__ = ["CLASS_NAME", "PackedKeywords", "RoutePlans", "StoredFunctions", "CheckpointedByTransformers", "hands_a_cache", "missing", "packed_upstream",
-           "routed_fixes",
-           "transformers_layer", "without_cache"]
+__all__ = ["CLASS_NAME", "CheckpointedByTransformers", "PackedKeywords", "RoutePlans", "StoredFunctions",
+           "hands_a_cache", "missing", "packed_upstream", "routed_fixes", "transformers_layer", "without_cache"]
 
 #: torch's module and class (``torch.distributed.algorithms._checkpoint.checkpoint_wrapper.CheckpointWrapper``)
 CLASS_NAME = "CheckpointWrapper"
