@@ -34,7 +34,7 @@ class Mechanism:
     there, never "not needed".  ``lost`` (:class:`Lost`, each with its reason) names
     releases where upstream drops the mechanism's state before any checkpoint
     function sees it, so that the fix, applied, cannot restore it: NOT COVERED there
-    too.  The census (tools/census/) measures every release line against these.
+    too.  The census (tools/hotfix_lab/census/) measures every release line against these.
     """
 
     name: str

@@ -31,7 +31,7 @@ Hook = Callable[[Any, Any, tuple, dict], Any]
 def _with_idle_path(chains: Tuple[Hook, ...], idles: Tuple[Callable[[Any, tuple, dict], bool], ...]) -> Hook:
     """The chain from the first hook that would not hand this call on as it is (``hook.idle(instance, args, kwargs)``),
     outermost first; where every hook would, the original, called once, with no hook's frame in between (the common
-    call: no DDP, no ``preserve_rng_state=False``, no router; ~2 µs a hook otherwise, tools/bench/wrapper_cost.py).
+    call: no DDP, no ``preserve_rng_state=False``, no router; ~2 µs a hook otherwise, tools/hotfix_lab/bench/wrapper_cost.py).
     ``chains[i]``: the hooks from the i-th inward.  Only the outer idle hooks are left out: an inner one is asked again
     by the chain, about the call as the hooks before it changed it."""
     def run(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:

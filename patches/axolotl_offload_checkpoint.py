@@ -63,7 +63,7 @@ def _bound_call(function: Any) -> bool:
 class AxolotlOffloadCheckpoint(Patch):
     name = "axolotl-offload-checkpoint"
     targets = ("axolotl.monkeypatch.gradient_checkpointing", "axolotl.utils.gradient_checkpointing")
-    # Ranges equal to the fork census's evidence (docs/census/forks.md, tools/census/forks.py): every release
+    # Ranges equal to the fork census's evidence (docs/census/forks.md, tools/hotfix_lab/census/forks.py): every release
     # on PyPI was read and measured; 0.5.2 is the first with code (0.5.0's distributions are empty).
     mechanisms = (
         Mechanism("offload-extra-inputs", {"axolotl": ">=0.5.2"},

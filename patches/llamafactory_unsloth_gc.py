@@ -38,7 +38,7 @@ class LlamaFactoryUnslothGC(Patch):
     name = "llamafactory-unsloth-gc"
     # model/model_utils/ since 0.8.0 (0.7.1 kept the module in model/utils/, years before use_unsloth_gc)
     targets = ("llamafactory.model.model_utils.checkpointing",)
-    # Ranges equal to the fork census's evidence (docs/census/forks.md, tools/census/forks.py): every release
+    # Ranges equal to the fork census's evidence (docs/census/forks.md, tools/hotfix_lab/census/forks.py): every release
     # on PyPI was read and measured.  0.9.0 is the first with use_unsloth_gc.
     mechanisms = (
         Mechanism("unsloth-gc-extra-inputs", {"llamafactory": ">=0.9.0"},

@@ -87,7 +87,7 @@ class TransformersDdpFindUnused(CheckpointFunctionFix):
     def acting_while(self) -> Optional[Callable[[], Any]]:
         """Inside a DDP forward only (``checkpointing.ddp.active_ddp``, None outside one): elsewhere
         its slot stays out of the composed call, whose every read asks this without a Python frame (issue 52;
-        tools/bench/wrapper_cost.py).  Inside one, the wrapper asks the rest (``searching_ddp``: find_unused_parameters,
+        tools/hotfix_lab/bench/wrapper_cost.py).  Inside one, the wrapper asks the rest (``searching_ddp``: find_unused_parameters,
         no static_graph, no no_sync).  Asked at the first apply, when transformers has imported torch."""
         from hotfix.checkpointing.ddp import active_ddp
 

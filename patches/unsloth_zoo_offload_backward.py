@@ -160,7 +160,7 @@ class UnslothZooOffloadBackward(Patch):
     def offloader(self) -> "ActivationOffloader":
         """The one offload state object of the process (made on first use: it imports torch).
 
-        Tests and benchmarks switch it to a CPU device with use_device() (tools/lab/simulated_device.py).
+        Tests and benchmarks switch it to a CPU device with use_device() (tools/hotfix_lab/infra/simulated_device.py).
         """
         if self._offloader is None:
             from hotfix.checkpointing.offload.offloader import ActivationOffloader

@@ -23,18 +23,18 @@ pipq() { "$VENV/bin/pip" install -q --disable-pip-version-check "$@" 2>&1 | grep
 # (its module fixtures, often minutes of training, computed once), one thread each: most tests wait on child
 # interpreters starting or on 2-rank launches, so two at once fill the 2 cores CI has.
 WORKERS=${HOTFIX_TEST_WORKERS:-2}
-# The run's time log (tests/conftest.py writes it; tools/bench/ci_time.py renders docs/ci-time.md): a JSON line per test
+# The run's time log (tests/conftest.py writes it; tools/hotfix_lab/bench/ci_time.py renders docs/ci-time.md): a JSON line per test
 # phase and per child interpreter, in a folder emptied here.
 export HOTFIX_CI_LOG=${HOTFIX_CI_LOG:-$PWD/.ci-log}
 rm -rf "$HOTFIX_CI_LOG"
 tier() { (cd tests && OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} "../$VENV/bin/python" -m pytest -p no:cacheprovider \
           -n "$WORKERS" --dist loadfile "$@") || [ $? -eq 5 ]; }
 # The releases of tests/matrix.txt whose names match $1 (a grep -E pattern), each installed once, side by side in
-# .matrix/<name>-<version> (tools/lab/matrix_install.py: what each library needs to install so, as data); three
+# .matrix/<name>-<version> (tools/hotfix_lab/infra/matrix_install.py: what each library needs to install so, as data); three
 # at a time (each its own folder; mostly download and unpacking).
 matrix() {
     grep -v '^#' tests/matrix.txt | grep -E "^($1) " \
-        | xargs -r -n 2 -P "${HOTFIX_INSTALL_JOBS:-3}" "$VENV/bin/python" tools/lab/matrix_install.py
+        | xargs -r -n 2 -P "${HOTFIX_INSTALL_JOBS:-3}" "$VENV/bin/python" -P -m hotfix_lab.infra.matrix_install
 }
 
 # --- stage 1: the product's own tiers
@@ -44,6 +44,9 @@ pipq torch==2.13.0 numpy "wrapt>=1.14" "packaging>=21" pytest pytest-xdist==3.8.
     transformers==4.56.2 accelerate psutil peft==0.21.2 nbclient==0.10.2 nbformat==5.10.4 ipykernel==6.30.1 \
     hjson msgpack ninja py-cpuinfo "pydantic>=2" einops  # DeepSpeed's pure-Python dependencies (tests/matrix.txt)
 "$VENV/bin/python" -c "import torch, transformers, wrapt, pytest, importlinter" # fail early if an install failed
+# The lab (tools/hotfix_lab, never in the wheel) on the venv's path through a .pth file: its modules run as
+# python -P -m hotfix_lab...; tests import them, children get tools/ on PYTHONPATH.
+PYTHONPATH=tools "$VENV/bin/python" -P -m hotfix_lab.infra.paths
 
 rm -rf dist build
 "$VENV/bin/pip" wheel -q --no-deps --no-build-isolation -w dist . 2>&1 | grep -v "^WARNING: Location" || true
@@ -65,14 +68,14 @@ matrix "[^ ]+"  # every other entry (those of stage 1 are installed)
 # installed and its tests skip, saying so.
 side_torches() {
     for torch_line in 2.11.0 2.7.1; do
-        "$VENV/bin/python" tools/census/census.py --install-torch "$torch_line" --wheel dist/hotfix_checkpoint-*.whl \
+        "$VENV/bin/python" -P -m hotfix_lab.census.census --install-torch "$torch_line" --wheel dist/hotfix_checkpoint-*.whl \
             2>&1 | grep -v "^WARNING: Location" || true
         [ -f "$MATRIX/torch-$torch_line.no-disk" ] && continue
         "$MATRIX/torch-$torch_line/bin/python" -I -c "import torch, wrapt, hotfix" # fail early if the install failed
     done
-    # beside torch 2.11: PyPI's torchvision for it, timm and open_clip (tools/lab/matrix_install.py BESIDE_TORCH)
+    # beside torch 2.11: PyPI's torchvision for it, timm and open_clip (tools/hotfix_lab/infra/matrix_install.py BESIDE_TORCH)
     if [ -f "$MATRIX/torch-2.11.0/.complete" ]; then
-        "$VENV/bin/python" tools/lab/matrix_install.py --beside-torch 2.11.0 2>&1 | grep -v "^WARNING: Location" || true
+        "$VENV/bin/python" -P -m hotfix_lab.infra.matrix_install --beside-torch 2.11.0 2>&1 | grep -v "^WARNING: Location" || true
     fi
 }
 side_torches > "$MATRIX/side-torches.log" 2>&1 &

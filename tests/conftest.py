@@ -22,7 +22,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
-from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import pytest
 
@@ -33,18 +33,21 @@ from hotfix.startup.state import FINDER, WATCH
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
-TOOLS = REPO / "tools"  # developer tooling: sweep/, bench/, gpu/, and lab/ (what tools and tests share)
-LAB = TOOLS / "lab"  # tiny_models, zoo_loader, simulated_device, standalone: imported by tools and tests alike
+TOOLS = REPO / "tools"  # what holds the lab package, hotfix_lab (the venv has it through a .pth; children get it here)
 SUPPORT = TESTS / "support"  # the tests' own helpers and child scripts (layer_calls, stream sanitizer, ...)
-sys.path[:0] = [str(LAB), str(SUPPORT)]  # in-process tests import them as the children do
+sys.path.insert(0, str(SUPPORT))  # in-process tests import them as the children do
 
-import rank_results  # noqa: E402  tools/lab/rank_results.py
-from rank_results import free_port  # noqa: E402,F401  (tests import free_port from here)
+try:
+    from hotfix_lab.infra import rank_results
+    from hotfix_lab.infra.rank_results import free_port  # noqa: F401  (tests import free_port from here)
+except ImportError as exc:  # a venv scripts/test.sh did not make: say the one step that is missing
+    raise pytest.UsageError(f"the lab (tools/hotfix_lab) is not importable ({exc}): scripts/test.sh puts it on the test "
+                            "venv's path, or once by hand: PYTHONPATH=tools python -P -m hotfix_lab.infra.paths") from exc
 
 MATRIX = REPO / ".matrix"
 IN_CI = bool(os.environ.get("CI"))
 #: a folder where scripts/test.sh asks for the run's time log: one JSON line per test phase, and one per child
-#: interpreter started through run_python (tools/bench/ci_time.py renders docs/ci-time.md from it)
+#: interpreter started through run_python (tools/hotfix_lab/bench/ci_time.py renders docs/ci-time.md from it)
 CI_LOG = os.environ.get("HOTFIX_CI_LOG")
 
 
@@ -101,16 +104,16 @@ def matrix_path(name: str, version: str) -> Path:
 
 def run_sweep(tmp_path: Path, version: str, models: str, recipes: str, functions: str = "torch,unsloth",
               dtype: str = "float32") -> List[dict]:
-    """The rows of a fresh ``tools/sweep/sweep_models.py`` run on ``models`` (comma list) of one release (no census:
+    """The rows of a fresh ``tools/hotfix_lab/sweep/sweep_models.py`` run on ``models`` (comma list) of one release (no census:
     these tests read the named models' rows only)."""
     import json
 
     matrix_path("transformers", version)
     if "unsloth" in functions:
-        matrix_path("unsloth-zoo", "2026.10.9")  # tools/sweep/sweep_models.py UNSLOTH_ZOO
+        matrix_path("unsloth-zoo", "2026.10.9")  # tools/hotfix_lab/sweep/sweep_models.py UNSLOTH_ZOO
     results = tmp_path / "sweep.jsonl"
     proc = subprocess.run(
-        [sys.executable, str(TOOLS / "sweep" / "sweep_models.py"), "--versions", version, "--models", models,
+        [sys.executable, "-P", "-m", "hotfix_lab.sweep.sweep_models", "--versions", version, "--models", models,
          "--recipes", recipes, "--functions", functions, "--dtype", dtype, "--fresh", "--no-census", "--jobs", "2",
          "--results", str(results), "--doc", str(tmp_path / "sweep.md")],
         capture_output=True, text=True, timeout=900, cwd=str(tmp_path),
@@ -137,8 +140,8 @@ def assert_sweep_cells(rows: List[dict], cells: int, upstream: Callable[[dict], 
 
 
 def clean_env(extra: Optional[Dict[str, str]] = None, pythonpath: Iterable[Path] = ()) -> Dict[str, str]:
-    """A child's environment: no HOTFIX_* settings, PYTHONPATH = the given paths, tests/, tests/support, tools/lab."""
-    return child_env(keep_hotfix_settings=False, pythonpath=[*pythonpath, TESTS, SUPPORT, LAB], extra=extra)
+    """A child's environment: no HOTFIX_* settings, PYTHONPATH = the given paths, tests/, tests/support, tools/ (the lab)."""
+    return child_env(keep_hotfix_settings=False, pythonpath=[*pythonpath, TESTS, SUPPORT, TOOLS], extra=extra)
 
 
 def run_python(
@@ -164,16 +167,18 @@ def run_python(
             _log_child(args, child, python, time.monotonic() - start)
 
 
-def launch_ranks(folder: Path, script: Path, args: Sequence[str] = (), ranks: int = 2, *, disabled: bool = False,
+def launch_ranks(folder: Path, script: Union[Path, str], args: Sequence[str] = (), ranks: int = 2, *, disabled: bool = False,
                  env: Optional[Dict[str, str]] = None, pythonpath: Iterable[Path] = (),
                  timeout: float = 300, python: Optional[str] = None,
                  ) -> Tuple[Dict[int, dict], subprocess.CompletedProcess]:
-    """``ranks`` ranks of a lab rank script (``script FOLDER ARGS...``: tools/lab/rank_results.py; 2: torchrun,
+    """``ranks`` ranks of a rank script (``script FOLDER ARGS...``: hotfix_lab.infra.rank_results's protocol; a test's own
+    file, or a module of the lab by name, e.g. "hotfix_lab.cases.ddp_cases"; 2: torchrun,
     1: rank 0 of 1, 0: a plain process) writing into ``folder`` (made here), on loopback, hotfix on or
     HOTFIX_DISABLE'd: ``({rank: its result}, the launcher's process)``.  Fails the test unless every rank wrote.
     ``python``: another interpreter than the test venv's (a side torch's venv)."""
     folder.mkdir(parents=True)
-    argv, launch_env = rank_results.command([str(script), str(folder), *args], ranks)
+    target = ["-m", script] if isinstance(script, str) else [str(script)]
+    argv, launch_env = rank_results.command([*target, str(folder), *args], ranks)
     launch_env.update(env or {}, **({"HOTFIX_DISABLE": "1"} if disabled else {}))
     proc = run_python(argv[1:], env=launch_env, pythonpath=pythonpath, timeout=timeout, python=python)
     results = rank_results.read(folder)
@@ -266,7 +271,7 @@ CRASH = "Trying to backward through the graph a second time"  # the seed reports
 # Prepended to child scripts that train.  It must not import hotfix: several
 # children prove that hotfix is (or is not) loaded by transformers' import alone.
 # The model and the gradient comparison come from hotfix/diagnostics/, loaded by
-# path through tools/ (tiny_models, standalone), which import no hotfix.
+# path through the lab (hotfix_lab.infra: tiny_models, standalone), which import no hotfix.
 #: a child's test (source text) for the start-up hook's finder in sys.meta_path (its class names: hotfix_state's, held
 #: to the hook's by tests/unit/test_state_constants.py)
 FINDER_ARMED = f"any(type(f).__name__ in {(WATCH, FINDER)!r} for f in sys.meta_path)"
@@ -280,12 +285,12 @@ PRELUDE = textwrap.dedent(
         return FINDER_ARMED
 
     def tiny_whisper(seed=0):
-        import tiny_models  # tools/lab is on the child's PYTHONPATH
+        from hotfix_lab.infra import tiny_models  # tools/ is on the child's PYTHONPATH
 
         return tiny_models.whisper(seed)
 
     def compare():
-        import standalone
+        from hotfix_lab.infra import standalone
 
         return standalone.load("compare")  # hotfix's one comparison rule, without importing hotfix
 

@@ -41,7 +41,7 @@ def trainable_slots(modules: List[Any]) -> List[Tuple[Any, str, Any]]:
     A parameter held by two owners (tied weights) comes once per owner: both places get its twin.  Walked over
     ``_modules`` with a list, not through ``modules()``: asked at every checkpointed call under a searching DDP, and
     ``named_modules``' nested generators were most of that call's cost (20 of 23.5 µs for a LoRA decoder layer of 33
-    modules, tools/bench/ddp_cost.py).
+    modules, tools/hotfix_lab/bench/ddp_cost.py).
     """
     slots, owners, pending = [], set(), list(reversed(modules))
     while pending:

@@ -114,7 +114,7 @@ class FlatOutputs(LayerCallWrapper):
     without the zero gradient upstream gives it; None: not asked.
     """
 
-    # slots: one is made per checkpointed call (the common call pays for its making, tools/bench/wrapper_cost.py);
+    # slots: one is made per checkpointed call (the common call pays for its making, tools/hotfix_lab/bench/wrapper_cost.py);
     # ``__dict__`` made only where a checkpoint function sets an attribute of its own on the function it is handed
     __slots__ = ("__wrapped__", "_writes", "_notice", "_skeleton", "_replay", "_unused", "nested", "__weakref__",
                  "__dict__")

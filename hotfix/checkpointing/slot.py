@@ -196,7 +196,7 @@ class CheckpointFunctionSlot(property):
         cls = type(instance)
         composed = self._composed.get(cls)
         # every checkpointed call reads this: loops written out, no comprehension or generator frame
-        # (tools/bench/wrapper_cost.py)
+        # (tools/hotfix_lab/bench/wrapper_cost.py)
         if composed is None or composed.raw is not raw:
             return self._compose(cls, raw).wrapper
         for entry, standing in zip(composed.entries, composed.standing):
@@ -231,7 +231,7 @@ class CheckpointFunctionSlot(property):
             wrapper = wrapt.FunctionWrapper(wrapper, slot.wrapper)
         if reentrant_slots_bypassed(raw, acting):
             # transformers 5.x's default, TRL's kwargs: the stored function as it is, unless a call asks for
-            # reentrant checkpointing itself (tools/bench/wrapper_cost.py: the slots' layers cost such a call ~5 µs)
+            # reentrant checkpointing itself (tools/hotfix_lab/bench/wrapper_cost.py: the slots' layers cost such a call ~5 µs)
             wrapper = wrapt.FunctionWrapper(raw, through_slots_if_reentrant(wrapper))
         entries = tuple(klass.__dict__.get for klass in cls.__mro__)
         composed = _Composed(raw, entries, tuple(entry(ATTRIBUTE) for entry in entries), tuple(states),

@@ -198,7 +198,7 @@ class RoutePlans:
     relies on that are missing (then it leaves the call as upstream makes it) and, where none is, the routed fixes'
     slots put on the class.  Decided again where a relied fix was applied or reverted since, or what stands along the
     class's MRO changed (a slot put or taken away).  Asking at each call whether every relied fix was applied and
-    looking for each one's slot along the MRO cost 4 - 6 µs a routed call (tools/bench/wrapper_site_cost.py)."""
+    looking for each one's slot along the MRO cost 4 - 6 µs a routed call (tools/hotfix_lab/bench/wrapper_site_cost.py)."""
 
     def __init__(self, fix: Any) -> None:
         self._fix = fix

@@ -2,7 +2,7 @@
 
 Each builder returns ``(model, batch)``, the model in training mode and seeded.
 Imports torch and transformers, never hotfix: the tests' model builders
-(tools/lab/tiny_models.py) reuse these by path in interpreters that must start
+(tools/hotfix_lab/infra/tiny_models.py) reuse these by path in interpreters that must start
 unpatched.
 """
 

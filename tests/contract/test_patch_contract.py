@@ -34,13 +34,13 @@ ZOO = "unsloth_zoo.gradient_checkpointing"
 def import_targets(targets):
     for target in targets:
         if target == ZOO:
-            import zoo_loader
+            from hotfix_lab.infra import zoo_loader
             zoo_loader.install_stubs(zoo_loader.zoo_dir())
         if target.startswith("unsloth_zoo.temporary_patches."):  # its package's __init__ needs a GPU: a bare one
-            import zoo_loader
+            from hotfix_lab.infra import zoo_loader
             zoo_loader.load_temporary_patch(target.rsplit(".", 1)[1])
         if target.split(".")[0] in ("llamafactory", "axolotl"):
-            import fork_loader  # the fork's package stubbed; imports the release's one checkpointing module
+            from hotfix_lab.infra import fork_loader  # the fork's package stubbed; imports the release's one checkpointing module
             assert fork_loader.load(target.split(".")[0]).__name__ == target
         importlib.import_module(target)
 

@@ -28,7 +28,7 @@ SCRIPT = textwrap.dedent(
     import json, os, sys
     import torch
     import transformers
-    import tiny_models
+    from hotfix_lab.infra import tiny_models
 
     out = {"rank": int(os.environ.get("RANK", "0")), "hotfix_loaded": "hotfix" in sys.modules}
     try:

@@ -62,7 +62,8 @@ def test_a_model_set_up_before_activation_is_covered():
     with the variable gone: the model already holds transformers' function, and its encoder adapters
     get their gradients (opted out of the fix, they get none)."""
     body = """
-        import os, torch, transformers, tiny_models
+        import os, torch, transformers
+        from hotfix_lab.infra import tiny_models
         model, batch = tiny_models.whisper_qv_only()  # q/v train; enable_input_require_grads() as PEFT's recipe
         reference = reference_grads(model, batch)
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})

@@ -38,13 +38,13 @@ def run_python(args, **kwargs):
 
 
 def layoutlm():
-    import tiny_models
+    from hotfix_lab.infra import tiny_models
 
     return tiny_models.layoutlm()
 
 
 def whisper_frozen_decoder_embeddings():
-    import tiny_models
+    from hotfix_lab.infra import tiny_models
 
     return tiny_models.whisper_frozen()
 
@@ -56,7 +56,7 @@ def whisper_lora():
     are non-zero too (with PEFT's default B=0 they are exactly zero at step 0
     and only the lora_B ones can be missing).
     """
-    import tiny_models
+    from hotfix_lab.infra import tiny_models
     from peft import LoraConfig, get_peft_model
 
     model, batch = tiny_models.whisper()
@@ -122,7 +122,7 @@ def stateful_layer():
 
 
 def wavlm():
-    import tiny_models
+    from hotfix_lab.infra import tiny_models
 
     return tiny_models.wavlm()
 
@@ -130,7 +130,7 @@ def wavlm():
 def whisper_lora_default_init():
     """PEFT's defaults (lora_B = 0: every lora_A gradient is exactly zero at step 0),
     no enable_input_require_grads(): the issue-12 reproduction."""
-    import tiny_models
+    from hotfix_lab.infra import tiny_models
     from peft import LoraConfig, get_peft_model
 
     model, batch = tiny_models.whisper()

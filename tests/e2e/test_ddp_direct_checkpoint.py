@@ -1,14 +1,14 @@
 """torch-ddp-find-unused: torch's reentrant checkpoint called directly under DDP(find_unused_parameters=True); and
 DDP's advice to turn that flag off (issue 41, parts 2 and 3).
 
-The rank script tools/lab/ddp_cases.py never mentions hotfix: launched without hotfix (HOTFIX_DISABLE=1) and with it
+The rank script tools/hotfix_lab/cases/ddp_cases.py never mentions hotfix: launched without hotfix (HOTFIX_DISABLE=1) and with it
 (the start-up hook), torchrun, gloo, CPU, 127.0.0.1, torch 2.13.0, transformers 4.56.2.  Each ``direct:`` case
 trains with and without checkpointing under the same DDP and compares every trainable parameter's gradient (a
 parameter without gradient equals only one without gradient):
 
 * ``blocks``: a plain ``nn.Module`` whose blocks call ``torch.utils.checkpoint.checkpoint(block, x,
   use_reentrant=True)``, with a parameter never used (why the flag is set);
-* ``remote``: a ``PreTrainedModel`` written as Hub modeling files are (tools/lab/remote_code_model.py):
+* ``remote``: a ``PreTrainedModel`` written as Hub modeling files are (tools/hotfix_lab/infra/remote_code_model.py):
   ``gradient_checkpointing_enable()``, then its forward calls the ``checkpoint`` its module imported at the top;
 * ``moe``: a tiny Mixtral (8 experts, top-1, 3 tokens per rank: most experts get no token), checkpointed by
   transformers;
@@ -29,8 +29,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from conftest import LAB, launch_ranks, matrix_path, repair_notices, run_python
-from rank_results import LOOPBACK  # tools/lab (conftest puts it on sys.path)
+from conftest import launch_ranks, matrix_path, repair_notices, run_python
+from hotfix_lab.infra.rank_results import LOOPBACK
 
 FIX = "torch-ddp-find-unused"
 FIND_UNUSED = "Expected to mark a variable ready only once"
@@ -46,9 +46,9 @@ TIMEOUT_S = 300
 
 
 def launch(folder, cases, ranks, *, disabled=False):
-    """``ranks`` ranks of tools/lab/ddp_cases.py (torchrun; one rank: a plain process); ({rank: result}, stderr)."""
+    """``ranks`` ranks of tools/hotfix_lab/cases/ddp_cases.py (torchrun; one rank: a plain process); ({rank: result}, stderr)."""
     zoo = [matrix_path("unsloth-zoo", ZOO)] if any(case.startswith("unsloth:") for case in cases) else []
-    results, proc = launch_ranks(folder, LAB / "ddp_cases.py", cases, ranks, disabled=disabled, pythonpath=zoo,
+    results, proc = launch_ranks(folder, "hotfix_lab.cases.ddp_cases", cases, ranks, disabled=disabled, pythonpath=zoo,
                                  timeout=TIMEOUT_S)
     return results, proc.stderr
 

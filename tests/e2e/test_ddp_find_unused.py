@@ -1,7 +1,7 @@
 """transformers-ddp-find-unused: DDP(find_unused_parameters=True) with reentrant checkpointing, 2 ranks.
 
 ``torchrun --nproc_per_node 2``, gloo, CPU, loopback only, transformers 4.56.2, with the rank script
-tools/lab/ddp_cases.py, which never mentions hotfix: one launch without hotfix (HOTFIX_DISABLE=1), one
+tools/hotfix_lab/cases/ddp_cases.py, which never mentions hotfix: one launch without hotfix (HOTFIX_DISABLE=1), one
 with it (the start-up hook), run side by side, each running every case in one process group.  A
 plain-loop case trains the same model with and without checkpointing, both in
 ``DistributedDataParallel(find_unused_parameters=True)``, each rank on its half of one batch, and
@@ -11,7 +11,7 @@ checkpointed layer and a module outside that the forward never uses; gradient ac
 (``no_sync``); ``static_graph=True``; Whisper + LoRA without the input hook (the other transformers
 fixes act on the same calls); unsloth-zoo's ``UnslothCheckpointFunction`` (2026.10.9, on CPU, with
 unsloth's own swap); LlamaFactory's (0.9.5: ``use_unsloth_gc`` and its default) and axolotl's (0.19.0: ``offload``)
-checkpoint functions, turned on as each fork does (code only, loaded on CPU: tools/lab/fork_loader.py; their calls go
+checkpoint functions, turned on as each fork does (code only, loaded on CPU: tools/hotfix_lab/infra/fork_loader.py; their calls go
 through transformers' checkpoint function); transformers' Trainer over the LoRA model, which picks
 ``find_unused_parameters=True`` for a PEFT model itself (3 steps against the same Trainer without
 checkpointing: losses and LoRA weights).
@@ -23,11 +23,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from conftest import LAB, MATRIX, launch_ranks, matrix_path, repair_notices
+from conftest import MATRIX, launch_ranks, matrix_path, repair_notices
 
 FIND_UNUSED = "Expected to mark a variable ready only once"
 ZOO = "2026.10.9"  # the latest release the matrix holds: its own backward returns every input's gradient
-#: the forks' checkpoint functions, turned on as each fork does (tools/lab/fork_loader.py): LlamaFactory's before
+#: the forks' checkpoint functions, turned on as each fork does (tools/hotfix_lab/infra/fork_loader.py): LlamaFactory's before
 #: unsloth's swap (its default wraps torch's checkpoint), axolotl's last (it replaces transformers' checkpoint)
 FORKS = {"llamafactory": "0.9.5", "axolotl": "0.19.0"}
 FORK_CASES = ["fork:llamafactory-unsloth:lora", "fork:llamafactory-torch:lora", "fork:llamafactory-unsloth:full"]
@@ -41,8 +41,8 @@ LAUNCH_TIMEOUT_S = 300
 
 
 def torchrun(folder, cases, *, disabled=False, pythonpath=()):
-    """2 ranks of tools/lab/ddp_cases.py; returns ({rank: result}, stderr)."""
-    results, proc = launch_ranks(folder, LAB / "ddp_cases.py", cases, disabled=disabled, pythonpath=pythonpath,
+    """2 ranks of tools/hotfix_lab/cases/ddp_cases.py; returns ({rank: result}, stderr)."""
+    results, proc = launch_ranks(folder, "hotfix_lab.cases.ddp_cases", cases, disabled=disabled, pythonpath=pythonpath,
                                  timeout=LAUNCH_TIMEOUT_S)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return results, proc.stderr

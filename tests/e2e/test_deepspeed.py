@@ -1,6 +1,6 @@
 """DeepSpeed ZeRO-2 / ZeRO-3 with gradient checkpointing, without and with hotfix (issue 42, part 1: CI's subset).
 
-tools/lab/deepspeed_cases.py (never mentions hotfix) runs under torchrun, 2 ranks, gloo on 127.0.0.1, DeepSpeed's CPU
+tools/hotfix_lab/cases/deepspeed_cases.py (never mentions hotfix) runs under torchrun, 2 ranks, gloo on 127.0.0.1, DeepSpeed's CPU
 accelerator (``DS_ACCELERATOR=cpu``), DeepSpeed 0.19.8 from tests/matrix.txt (its sdist, ``DS_BUILD_OPS=0``: no C++
 op built), torch 2.13.0, transformers 4.56.2.  Each case trains through ``deepspeed.initialize`` twice, the same
 seed: without checkpointing, and with transformers' checkpointing in that mode; every trainable parameter's full
@@ -12,7 +12,7 @@ steps are compared (a parameter without gradient equals only one without).
 * tiny Whisper, LoRA without the input hook, reentrant (no layer input needs grad): upstream the loss has no
   ``grad_fn`` (DeepSpeed: "loss must be a scalar tensor"); with hotfix equal;
 * tiny Llama, LoRA (input hook) and full, reentrant and non-reentrant: equal with hotfix (upstream too: measured
-  here for ZeRO-3 LoRA non-reentrant; the rest, tools/lab/deepspeed_cases.py by hand, 2026-11-28);
+  here for ZeRO-3 LoRA non-reentrant; the rest, tools/hotfix_lab/cases/deepspeed_cases.py by hand, 2026-11-28);
 * non-reentrant Whisper: equal both ways;
 * transformers' Seq2SeqTrainer with a ZeRO-3 ``deepspeed`` config (DeepSpeed's AdamW), tiny Whisper, reentrant:
   upstream the seed bug; with hotfix its losses and every parameter after two steps equal the Trainer without
@@ -21,7 +21,7 @@ steps are compared (a parameter without gradient equals only one without).
   ``_set_gradient_checkpointing``), tiny Whisper full and LoRA: upstream the layer's ``(hidden_states,)`` comes back
   bare ("not enough values to unpack"); with hotfix (deepspeed-checkpoint-layer-io, with the keyword and
   frozen-input repairs, which DeepSpeed's function needs as torch's reentrant one does) equal;
-* a tiny Qwen3-MoE with the drift device of tools/lab/moe_cases.py (a GPU's drift in the recomputation), its sparse
+* a tiny Qwen3-MoE with the drift device of tools/hotfix_lab/cases/moe_cases.py (a GPU's drift in the recomputation), its sparse
   block a ZeRO-3 leaf (``set_z3_leaf_modules``, as transformers' DeepSpeed docs ask of a MoE), 4 rows per rank so
   both ranks reach the same experts: upstream reentrant trains with wrong gradients (8 of 69 equal, 2026-11-29),
   non-reentrant "different metadata"; with hotfix (moe-routing-replay) 69/69 and every parameter equal.
@@ -39,8 +39,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch  # its release names DeepSpeed's extensions folder (the children run this venv's torch)
 
-import deepspeed_env  # tools/lab (conftest puts it on sys.path)
-from conftest import LAB, launch_ranks, matrix_path, repair_notices
+from hotfix_lab.infra import deepspeed_env
+from conftest import launch_ranks, matrix_path, repair_notices
 
 DEEPSPEED = "0.19.8"
 BACKWARD_TWICE = "Trying to backward through the graph a second time"
@@ -61,7 +61,7 @@ CASES = {
     # DeepSpeed's own deepspeed.checkpointing.checkpoint as the layers' checkpoint function (issue 42, part 4)
     "zero3:whisper:deepspeed": TUPLE_OF_ONE,
     "zero3:whisper-lora:deepspeed": TUPLE_OF_ONE,
-    # a tiny Qwen3-MoE with tools/lab/moe_cases.py's drift device (routers tied, scaled apart by 1e-6 in the
+    # a tiny Qwen3-MoE with tools/hotfix_lab/cases/moe_cases.py's drift device (routers tied, scaled apart by 1e-6 in the
     # recomputation only: a GPU's drift), its sparse block a ZeRO-3 leaf module (issue 51: moe-routing-replay)
     "zero3:moe:reentrant": WRONG,
     "zero3:moe:nonreentrant": METADATA,
@@ -80,9 +80,9 @@ CASES_BEFORE_FIX = {
 
 
 def torchrun(folder, *, disabled, deepspeed=DEEPSPEED, cases=tuple(CASES)):
-    """2 ranks of tools/lab/deepspeed_cases.py over ``cases``; ({rank: result}, stderr)."""
+    """2 ranks of tools/hotfix_lab/cases/deepspeed_cases.py over ``cases``; ({rank: result}, stderr)."""
     release = matrix_path("deepspeed", deepspeed)
-    results, proc = launch_ranks(folder, LAB / "deepspeed_cases.py", cases, disabled=disabled,
+    results, proc = launch_ranks(folder, "hotfix_lab.cases.deepspeed_cases", cases, disabled=disabled,
                                  env=deepspeed_env.cpu_env(release, torch.__version__), pythonpath=[release],
                                  timeout=TIMEOUT_S)
     return results, proc.stderr

@@ -42,9 +42,10 @@ RANK_SCRIPT = textwrap.dedent(
     import torch.distributed as dist
     import transformers
     HOTFIX_LOADED = "hotfix" in sys.modules  # nothing but the .pth can have loaded it
-    import standalone, tiny_models
+    from hotfix_lab.infra import standalone
+    from hotfix_lab.infra import tiny_models
 
-    RESULT_DIR = sys.argv[1]       # one rank<N>.json per rank (tools/lab/rank_results.py)
+    RESULT_DIR = sys.argv[1]       # one rank<N>.json per rank (tools/hotfix_lab/infra/rank_results.py)
     MODEL = sys.argv[2]            # a tiny_models builder
     CASES = sys.argv[3].split(",")
     DDP = {  # case -> (gradient_checkpointing_kwargs, DDP kwargs)

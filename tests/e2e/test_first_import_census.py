@@ -1,4 +1,4 @@
-"""hotfix is active whatever a script imports first: the first-import census (tools/census/first_import.py).
+"""hotfix is active whatever a script imports first: the first-import census (tools/hotfix_lab/census/first_import.py).
 
 Before 2026-11-29 the start-up hook's finder armed itself on the first *look-up* of a trigger's spec and let only
 that spec's execution activate hotfix: TRL, diffusers, optimum (``importlib.util.find_spec("transformers")``), an
@@ -14,11 +14,11 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from conftest import IN_CI, REPO, TOOLS, clean_env, matrix_path
+from conftest import IN_CI, REPO, clean_env, matrix_path
 
 import pytest
 
-CENSUS = TOOLS / "census" / "first_import.py"
+CENSUS = ["-P", "-m", "hotfix_lab.census.first_import"]
 PAGE = REPO / "docs" / "census" / "first-import.md"
 SIDE_TORCH = "2.11.0"  # the census's SIDE cases' torch line
 
@@ -26,7 +26,7 @@ SIDE_TORCH = "2.11.0"  # the census's SIDE cases' torch line
 def _section(tmp_path, section):
     """The census's run of one section of the page: the text it renders."""
     page = tmp_path / f"first-import-{section}.md"
-    proc = subprocess.run([sys.executable, str(CENSUS), "--section", section, "--page", str(page)],
+    proc = subprocess.run([sys.executable, *CENSUS, "--section", section, "--page", str(page)],
                           capture_output=True, text=True, timeout=900, cwd=str(tmp_path), env=clean_env())
     if "is not installed" in proc.stdout and not IN_CI:
         pytest.skip("the census's libraries are not installed in .matrix/ (scripts/test.sh installs them)")

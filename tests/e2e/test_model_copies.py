@@ -32,7 +32,9 @@ def train_copy(model, batch, path):
 CHILD = r'''
 import copy, io, json, os, pickle, sys
 import torch
-import tiny_models, copy_worker, standalone
+import copy_worker
+from hotfix_lab.infra import tiny_models
+from hotfix_lab.infra import standalone
 compare = standalone.load("compare")  # hotfix's comparison rule (None never equals zero), without importing hotfix
 from torch.optim.swa_utils import AveragedModel
 

@@ -18,7 +18,7 @@ import sys
 
 import pytest
 
-from conftest import LAB, REPO
+from conftest import REPO, TOOLS
 
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
@@ -27,8 +27,9 @@ pytest.importorskip("ipykernel")
 CELLS = [
     """
 import sys, json, torch
-sys.path.insert(0, {tools!r})
-import transformers, tiny_models, standalone
+import transformers  # the lab: tools/ on the kernel's PYTHONPATH
+from hotfix_lab.infra import tiny_models
+from hotfix_lab.infra import standalone
 compare = standalone.load("compare")  # hotfix's comparison rule, without importing hotfix
 model, batch = tiny_models.whisper(0)
 def grads():
@@ -68,11 +69,11 @@ def test_import_hotfix_in_a_running_kernel_fixes_the_built_model(tmp_path, monke
     wheel = next((REPO / "dist").glob("hotfix_checkpoint-*.whl"))  # built by scripts/test.sh
     site = tmp_path / "pip-target"
     jupyter = _kernel_spec(tmp_path / "jupyter", {"HOTFIX_DISABLE": "1", "OMP_NUM_THREADS": "1",
-                                                  "PYTHONPATH": str(LAB)})
+                                                  "PYTHONPATH": str(TOOLS)})
     monkeypatch.setenv("JUPYTER_PATH", str(jupyter))
     monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path / "runtime"))
     notebook = nbformat.v4.new_notebook()
-    notebook.cells = [nbformat.v4.new_code_cell(c.format(tools=str(LAB), site=str(site), wheel=str(wheel)).strip())
+    notebook.cells = [nbformat.v4.new_code_cell(c.format(site=str(site), wheel=str(wheel)).strip())
                       for c in CELLS]
     client = nbclient.NotebookClient(notebook, kernel_name="hotfix-test", timeout=300,
                                      resources={"metadata": {"path": str(tmp_path)}})

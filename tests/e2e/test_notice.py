@@ -24,7 +24,7 @@ SCRIPT = textwrap.dedent(
     """
     import json, logging, sys
     import torch, transformers
-    import tiny_models
+    from hotfix_lab.infra import tiny_models
     if "--basic-config" in sys.argv:
         logging.basicConfig(level=logging.INFO, format="%(message)s")
     model, batch = tiny_models.whisper(0)
@@ -93,7 +93,7 @@ SPAWN_SCRIPT = textwrap.dedent(
     import torch.multiprocessing as mp
 
     def train(index):
-        import tiny_models
+        from hotfix_lab.infra import tiny_models
         torch.set_num_threads(1)
         model, batch = tiny_models.whisper(0)
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})

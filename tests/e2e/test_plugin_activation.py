@@ -102,7 +102,8 @@ WHISPER_AFTER_LOGGING = textwrap.dedent(
     """
     import logging
     import json, sys, transformers
-    import tiny_models, standalone
+    from hotfix_lab.infra import tiny_models
+    from hotfix_lab.infra import standalone
     compare = standalone.load("compare")  # hotfix's comparison rule, without importing hotfix
     model, batch = tiny_models.whisper(0)
     model(**batch).loss.backward(); reference = compare.collect_grads(model); model.zero_grad(set_to_none=True)

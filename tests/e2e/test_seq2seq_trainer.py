@@ -15,7 +15,7 @@ from conftest import matrix_path, run_python
 TRAIN_SCRIPT = textwrap.dedent(
     """
     import json, sys
-    import tiny_models
+    from hotfix_lab.infra import tiny_models
 
     trainer = tiny_models.whisper_trainer(samples=6)
     model = trainer.model

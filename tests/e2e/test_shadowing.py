@@ -29,7 +29,8 @@ TRAIN = textwrap.dedent(
     """
     import json, sys
     import torch, transformers
-    import tiny_models, standalone
+    from hotfix_lab.infra import tiny_models
+    from hotfix_lab.infra import standalone
     compare = standalone.load("compare")  # hotfix's comparison rule, without importing hotfix
     model, batch = tiny_models.whisper(0)
     def grads():

@@ -1,6 +1,6 @@
 """torch-checkpoint-wrapper: transformers layers checkpointed by torch's ``checkpoint_wrapper`` (FSDP recipes).
 
-The rank script tools/lab/wrapper_cases.py never mentions hotfix: launched without hotfix (HOTFIX_DISABLE=1) and
+The rank script tools/hotfix_lab/cases/wrapper_cases.py never mentions hotfix: launched without hotfix (HOTFIX_DISABLE=1) and
 with it (the start-up hook), side by side, torch 2.13.0, transformers 4.56.2, CPU, gloo on 127.0.0.1.  Each case
 trains one step with every ``GradientCheckpointingLayer`` wrapped by ``apply_activation_checkpointing`` (both
 ``CheckpointImpl``s, ``use_cache`` left at the config's default) and compares every trainable gradient with the
@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from conftest import LAB, launch_ranks, repair_notices
+from conftest import launch_ranks, repair_notices
 
 FIX = "torch-checkpoint-wrapper"
 #: model -> (upstream under REENTRANT, upstream under NO_REENTRANT): measured 2026-11-28, this file's launches
@@ -35,7 +35,7 @@ TIMEOUT_S = 300
 
 def launch(folder, cases, ranks, *, disabled):
     """``ranks`` processes of the rank script (torchrun for 2; one process, WORLD_SIZE=1, for 1; none: plain)."""
-    results, proc = launch_ranks(folder, LAB / "wrapper_cases.py", cases, ranks, disabled=disabled, timeout=TIMEOUT_S)
+    results, proc = launch_ranks(folder, "hotfix_lab.cases.wrapper_cases", cases, ranks, disabled=disabled, timeout=TIMEOUT_S)
     return results, proc.stderr
 
 
@@ -106,9 +106,9 @@ def test_a_cache_by_another_keyword_is_repaired_and_said(tmp_path):
 
     newest = [matrix_path("transformers", "5.24.0")]
     case = "plain:llama:reentrant"
-    upstream, _ = launch_ranks(tmp_path / "up", LAB / "wrapper_cases.py", [case], 0, disabled=True,
+    upstream, _ = launch_ranks(tmp_path / "up", "hotfix_lab.cases.wrapper_cases", [case], 0, disabled=True,
                                pythonpath=newest, timeout=TIMEOUT_S)
-    fixed, proc = launch_ranks(tmp_path / "hf", LAB / "wrapper_cases.py", [case], 0, pythonpath=newest,
+    fixed, proc = launch_ranks(tmp_path / "hf", "hotfix_lab.cases.wrapper_cases", [case], 0, pythonpath=newest,
                                timeout=TIMEOUT_S)
     assert upstream[0]["transformers"] == fixed[0]["transformers"] == "5.24.0"
     found = upstream[0]["cases"][case]

@@ -8,7 +8,7 @@ function FunctionWrapper"; 11 graphs instead of 5, recompiles on guards of
 tensor ids).  The class-level slots (``hotfix.checkpointing.slot``) now hand
 dynamo the raw function every module holds (another torch line: tests/versions/test_torch_lines.py).
 
-One child per (backend, model, hotfix on/off): tools/lab/compile_case.py, two compiled
+One child per (backend, model, hotfix on/off): tools/hotfix_lab/cases/compile_case.py, two compiled
 training steps, counting dynamo's graphs, graph breaks, compiled frames and recompiles,
 and comparing gradients with an uncompiled step without checkpointing.
 """
@@ -19,14 +19,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from conftest import LAB, json_lines, run_python
+from conftest import json_lines, run_python
 
 
 def _run(backend, model, disabled):
     env = {"OMP_NUM_THREADS": "1"}
     if disabled:
         env["HOTFIX_DISABLE"] = "1"
-    proc = run_python([str(LAB / "compile_case.py"), "--model", model, "--backend", backend], env=env, timeout=500)
+    proc = run_python(["-P", "-m", "hotfix_lab.cases.compile_case", "--model", model, "--backend", backend], env=env, timeout=500)
     lines = json_lines(proc.stdout)
     assert lines, proc.stderr[-3000:]
     return lines[-1]

@@ -9,7 +9,7 @@ call ends in (``CheckpointFunction.apply``): the first call of either activates 
 
 Each case a fresh interpreter of the test venv, hotfix installed, upstream with ``HOTFIX_DISABLE=1``: two blocks
 with dropout under ``checkpoint(..., preserve_rng_state=False)``, non-reentrant and reentrant, against the step
-without checkpointing (upstream wrong, with hotfix equal and one "repaired" line); tools/lab/compile_graph_order.py
+without checkpointing (upstream wrong, with hotfix equal and one "repaired" line); tools/hotfix_lab/cases/compile_graph_order.py
 (the recomputation runs the graph compiled last upstream, its forward's with hotfix); and the watches themselves
 (torch's own generator and ``apply`` back once hotfix is active; a plain step activates nothing).
 """
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import LAB, json_lines, repair_notices, run_python
+from conftest import json_lines, repair_notices, run_python
 
 DROPOUT_SCRIPT = r"""
 import functools, json, sys
@@ -89,8 +89,8 @@ def test_a_torch_only_script_with_preserve_rng_state_false_trains_equal_with_hot
 
 
 def test_a_torch_only_script_recomputes_with_its_forwards_compiled_graph():
-    upstream, _ = _line([str(LAB / "compile_graph_order.py")], disabled=True)
-    fixed, _ = _line([str(LAB / "compile_graph_order.py")])
+    upstream, _ = _line(["-P", "-m", "hotfix_lab.cases.compile_graph_order"], disabled=True)
+    fixed, _ = _line(["-P", "-m", "hotfix_lab.cases.compile_graph_order"])
     assert upstream["installed"]["recomputation_runs_forwards_graph"] is False and not upstream["applied"], upstream
     assert fixed["hotfix_before"] is False and fixed["applied"] is True, fixed
     assert fixed["installed"]["recomputation_runs_forwards_graph"] is True, fixed

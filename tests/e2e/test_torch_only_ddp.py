@@ -71,7 +71,7 @@ def test_a_unet_and_a_hub_style_model_train_equal_in_the_same_script(launches, n
 
 
 #: timm needs torchvision, which PyPI has for none of the test venv's CPU torch: timm's cases run in the side venv of
-#: torch 2.11, with PyPI's torchvision for it and timm beside it (tools/lab/matrix_install.py BESIDE_TORCH)
+#: torch 2.11, with PyPI's torchvision for it and timm beside it (tools/hotfix_lab/infra/matrix_install.py BESIDE_TORCH)
 TIMM_TORCH = "2.11.0"
 
 

@@ -1,6 +1,6 @@
 """The census tool itself, on a CI-sized subset: releases of the matrix, a few cells of each kind.
 
-tools/census/census.py runs, into a temporary store, without and with hotfix: on transformers 4.56.2
+tools/hotfix_lab/census/census.py runs, into a temporary store, without and with hotfix: on transformers 4.56.2
 through torch's function and unsloth-zoo's (2026.10.9 on CPU) a sweep cell (Whisper's keyword tensors: broken upstream, equal with hotfix),
 a lab cell (a third-party GradientCheckpointingLayer), a release-absent cell (Gemma-4: n/a) and a cell
 whose step without checkpointing crashes upstream (GIT's input-grad hook); and unsloth-zoo 2025.11.3
@@ -18,12 +18,12 @@ import sys
 
 import pytest
 
-from conftest import REPO, clean_env, matrix_path
+from conftest import clean_env, matrix_path
 
 
 def _census(tmp_path, *args):
     store, doc = tmp_path / "census.jsonl", tmp_path / "versions.md"
-    proc = subprocess.run([sys.executable, str(REPO / "tools" / "census" / "census.py"), *args, "--jobs", "2",
+    proc = subprocess.run([sys.executable, "-P", "-m", "hotfix_lab.census.census", *args, "--jobs", "2",
                            "--results", str(store), "--doc", str(doc)],
                           env=clean_env({"OMP_NUM_THREADS": "1"}), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]

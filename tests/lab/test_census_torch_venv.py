@@ -1,20 +1,16 @@
-"""A side torch venv (tools/census/census.py torch_venv) on a machine without the disk for it: nothing installed,
+"""A side torch venv (tools/hotfix_lab/census/census.py torch_venv) on a machine without the disk for it: nothing installed,
 one line saying why, and the tests that need it skip with that line instead of failing (CI included)."""
 
 from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
 from collections import namedtuple
 
 import pytest
 
 import conftest
-from conftest import TOOLS
-
-sys.path[:0] = [str(TOOLS / "census"), str(TOOLS / "sweep"), str(TOOLS / "lab")]
-import census  # noqa: E402
+from hotfix_lab.census import census
 
 Usage = namedtuple("Usage", "total used free")
 
@@ -40,7 +36,7 @@ def test_too_little_disk_installs_nothing_and_says_why(small_disk, capsys):
     assert census.main(["--install-torch", "2.7.1", "--wheel", "unused.whl"]) == 0  # scripts/test.sh goes on
     assert capsys.readouterr().out.strip().splitlines() == \
         ["census: torch 2.7.1 not installed: 2.0 GiB free on disk, its venv needs about 9 GiB "
-         "(tools/census/census.py TORCH_VENV_DISK)"]
+         "(tools/hotfix_lab/census/census.py TORCH_VENV_DISK)"]
 
 
 def test_tests_needing_that_torch_skip_with_the_reason_even_in_ci(small_disk, monkeypatch):
@@ -61,4 +57,5 @@ def test_a_later_install_with_the_disk_clears_the_reason(small_disk, monkeypatch
     monkeypatch.setattr(subprocess, "run", lambda cmd, **kw: calls.append(cmd))
     census.torch_venv("2.7.1", wheel="hotfix.whl")
     assert not (small_disk / "torch-2.7.1.no-disk").exists()
-    assert len(calls) == 1 and calls[0][-1] == "hotfix.whl", calls
+    assert len(calls) == 2 and calls[0][-1] == "hotfix.whl", calls
+    assert calls[1][1:] == ["-P", "-m", "hotfix_lab.infra.paths"], calls  # the lab on that venv's path

@@ -1,4 +1,4 @@
-"""tools/bench/ci_time.py: the time log scripts/test.sh asks for, rendered (issue 52, part 2)."""
+"""tools/hotfix_lab/bench/ci_time.py: the time log scripts/test.sh asks for, rendered (issue 52, part 2)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ import json
 import subprocess
 import sys
 
-from conftest import TOOLS
 
 
 def test_the_log_renders_tiers_files_and_children_by_environment(tmp_path):
@@ -22,7 +21,7 @@ def test_the_log_renders_tiers_files_and_children_by_environment(tmp_path):
          "releases": ["transformers-4.56.2"], "upstream": False, "what": "whisper.py"},
     ]
     (log / "1.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
-    proc = subprocess.run([sys.executable, str(TOOLS / "bench" / "ci_time.py"), str(log), "--wall", "90"],
+    proc = subprocess.run([sys.executable, "-P", "-m", "hotfix_lab.bench.ci_time", str(log), "--wall", "90"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     page = proc.stdout

@@ -1,4 +1,4 @@
-"""CPU self-test of the GPU kit (scripts/gpu/, tools/gpu/, docs/gpu.md), so it cannot rot between lent GPUs.
+"""CPU self-test of the GPU kit (scripts/gpu/, tools/hotfix_lab/gpu/, docs/gpu.md), so it cannot rot between lent GPUs.
 
 * the real ``scripts/gpu/build-carry`` into a temporary folder (it needs only PyPI), each part's
   carry list within 64 MiB with the working tree, and ``scripts/gpu/run --dry-run`` on what it
@@ -34,12 +34,10 @@ import subprocess
 import sys
 
 from conftest import REPO, checkout_build, clean_env, matrix_path
-
-sys.path.insert(0, str(REPO / "tools" / "gpu"))
-import bench  # noqa: E402
-import carry_size  # noqa: E402
-import parts  # noqa: E402
-import report  # noqa: E402
+from hotfix_lab.gpu import bench
+from hotfix_lab.gpu import carry_size
+from hotfix_lab.gpu import parts
+from hotfix_lab.gpu import report
 
 RUN_2026_11_25 = REPO / "docs" / "gpu-runs" / "2026-11-25-kit-38e8258"  # the kit's raw files from an H100
 RUN_2026_11_29 = REPO / "docs" / "gpu-runs" / "2026-11-29-h200"  # the rebuilt kit's tests, extras, bench on an H200
@@ -189,7 +187,7 @@ def test_report_judges_the_ddp_and_non_reentrant_cases(tmp_path):
     problems = report.ddp_summary(str(tmp_path))["problems"]
     assert len(problems) == 2 and problems[0].startswith("upstream full") and problems[1].startswith("hotfix lora+no_sync")
 
-    import nonreentrant
+    from hotfix_lab.gpu import nonreentrant
 
     def row(release, variant, nodes, line, said=False, **extra):
         steps = [{"unsloth_nodes_per_layer": nodes, "offload_line": line and n == 0, "peak": 100 + 10 * nodes,
@@ -216,7 +214,7 @@ def test_report_judges_the_ddp_and_non_reentrant_cases(tmp_path):
 
 
 def test_report_judges_the_moe_cases(tmp_path):
-    """tools/lab/moe_cases.py's rows in bf16 (scripts/gpu/run's extras): hotfix not equal is a problem; the drift
+    """tools/hotfix_lab/cases/moe_cases.py's rows in bf16 (scripts/gpu/run's extras): hotfix not equal is a problem; the drift
     device flipping nothing upstream is one too (the case proved nothing); without drift upstream may be equal."""
     folder = tmp_path / "moe"
     folder.mkdir()
@@ -342,9 +340,9 @@ def test_build_carry_then_dry_run_takes_every_step_of_every_part(tmp_path):
     statuses = {row["variant"]: row["status"] for row in results["bench"]["rows"]}
     assert len(statuses) == 9 and set(statuses.values()) == {"planned"}, statuses
     assert {row["status"] for row in results["fit"]["rows"]} == {"planned"}, results["fit"]
-    assert "soak (hotfix):" in proc.stdout and "compile_case.py --model whisper --function unsloth" in proc.stdout
-    assert "ddp_cases.py" in proc.stdout and "lora+no_sync" in proc.stdout
-    assert "deepspeed_cases.py" in proc.stdout and "trainer-zero3:whisper:reentrant" in proc.stdout
+    assert "soak (hotfix):" in proc.stdout and "compile_case --model whisper --function unsloth" in proc.stdout
+    assert "hotfix_lab.cases.ddp_cases" in proc.stdout and "lora+no_sync" in proc.stdout
+    assert "hotfix_lab.cases.deepspeed_cases" in proc.stdout and "trainer-zero3:whisper:reentrant" in proc.stdout
     assert (site / "deepspeed" / "deepspeed" / "__init__.py").is_file()
     # DeepSpeed 0.19.2 (before its own fix) in its own folder, with what it needs, launched upstream and with hotfix
     assert (site / "deepspeed-0.19.2" / "deepspeed-0.19.2.dist-info").is_dir()

@@ -1,4 +1,4 @@
-"""The sweep measures a float32 difference of rounding size again in float64 (tools/sweep/sweep_rounding.py).
+"""The sweep measures a float32 difference of rounding size again in float64 (tools/hotfix_lab/sweep/sweep_rounding.py).
 
 Informer's full fine-tuning on 4.56.2 differs between reentrant recomputation and a step without
 checkpointing by about 1.5e-5 relative in float32 (with and without hotfix; no gradient missing): rounding.

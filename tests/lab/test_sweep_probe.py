@@ -1,6 +1,6 @@
 """The sweep's builder reaches the families the generic small config did not fit (issue 11).
 
-tools/sweep/sweep_probe.py builds each model type (generic shrink + tools/sweep/sweep_families) and runs one
+tools/hotfix_lab/sweep/sweep_probe.py builds each model type (generic shrink + tools/hotfix_lab/sweep/sweep_families) and runs one
 forward + backward without checkpointing.  Before the family modules, every type below failed
 to build or run on the releases listed (patch grids, tiles and aspect ratios, MLA head sizes,
 Mamba mixers, hierarchical stages, audio front ends, see docs/sweep.md); measured 2026-11-23 over
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-from conftest import REPO, matrix_path, run_python
+from conftest import matrix_path, run_python
 
 # one or two per family module, present on both lines
 TYPES = ["qwen2_vl", "qwen2_5_vl", "glm4v", "llava_next", "mllama", "idefics3", "gemma3", "swin", "videomae",
@@ -25,7 +25,7 @@ NEWER = ["minicpmv4_7", "minicpm_ocr", "nemo_speechlm", "bailing_hybrid", "glm5_
 def test_probe_builds_and_steps_every_family_on_4_and_5():
     for version in ("4.56.2", "5.23.0"):
         matrix_path("transformers", version)
-    proc = run_python([str(REPO / "tools" / "sweep" / "sweep_probe.py"), "--versions", "4.56.2,5.23.0",
+    proc = run_python(["-P", "-m", "hotfix_lab.sweep.sweep_probe", "--versions", "4.56.2,5.23.0",
                        "--models", ",".join(TYPES + NEWER), "--memory", "6"], timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     reach = dict(re.findall(r"^reach (\S+): (\d+/\d+)", proc.stdout, re.M))

@@ -1,17 +1,13 @@
-"""One rule for a float32 difference of rounding size (tools/sweep/sweep_rounding.py), used by the sweep and the
+"""One rule for a float32 difference of rounding size (tools/hotfix_lab/sweep/sweep_rounding.py), used by the sweep and the
 census: which rows are measured again in float64, and what the float64 row settles."""
 
 from __future__ import annotations
 
-import sys
 from types import SimpleNamespace
 
-from conftest import TOOLS
-
-sys.path[:0] = [str(TOOLS / "sweep"), str(TOOLS / "census")]
-import cells  # noqa: E402
-import sweep_models  # noqa: E402
-import sweep_rounding  # noqa: E402
+from hotfix_lab.census import cells
+from hotfix_lab.sweep import sweep_models
+from hotfix_lab.sweep import sweep_rounding
 
 
 def _mode(status="wrong", wrong=1, missing=0, unexpected=0, max_error=1.1e-6, summary="56/57 gradients equal"):

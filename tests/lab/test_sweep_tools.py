@@ -1,18 +1,14 @@
 """In-process unit tests of the sweep's own rules: the per-family tables and the coverage count.
 
-The sweep (tools/sweep/sweep_models.py) is developer tooling, but its coverage line is read by other
+The sweep (tools/hotfix_lab/sweep/sweep_models.py) is developer tooling, but its coverage line is read by other
 tooling and quoted in the README, so what counts as "checked" is pinned here.
 """
 
 from __future__ import annotations
 
-import sys
 
-from conftest import TOOLS
-
-sys.path.insert(0, str(TOOLS / "sweep"))  # the sweep's own modules, as its scripts import them
-import sweep_families  # noqa: E402
-from sweep_report import compact_results, coverage, load_results, mark_upstream_crashes, render
+from hotfix_lab.sweep import sweep_families
+from hotfix_lab.sweep.sweep_report import compact_results, coverage, load_results, mark_upstream_crashes, render
 
 
 def test_family_tables_load_once_each_type_in_one_module():
@@ -31,7 +27,7 @@ def test_family_modules_import_without_torch_or_transformers():
     import sys
     from pathlib import Path
 
-    tools = Path(sweep_families.__file__).resolve().parent.parent  # tools/sweep
+    tools = Path(sweep_families.__file__).resolve().parent.parent  # tools/hotfix_lab/sweep
     code = ("import sys, sweep_families; sweep_families._tables(); "
             "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=str(tools), capture_output=True, text=True, timeout=60)
@@ -160,7 +156,7 @@ def test_a_type_run_under_another_torch_than_its_line_says_so(tmp_path):
 
 
 def test_variants_are_extra_rows_of_their_type_never_types_of_the_census():
-    from sweep_worker import _model_types
+    from hotfix_lab.sweep.sweep_worker import _model_types
 
     fix = sweep_families.split_variant("deberta-v2+layer_norm")[1]
     assert callable(fix) and sweep_families.split_variant("deberta-v2") == ("deberta-v2", None)
@@ -183,7 +179,7 @@ def test_a_lora_recipe_whose_adapters_never_run_is_not_applicable_rather_than_a_
     so no adapter gets a gradient even without checkpointing.  "8/8 equal" (None == None) would be a pass
     that compared nothing, and without enable_input_require_grads() the loss does not even need grad."""
     from hotfix.diagnostics.results import CheckReport, ModeResult
-    from sweep_worker import _adapters_never_run
+    from hotfix_lab.sweep.sweep_worker import _adapters_never_run
 
     def report(reference, without):
         names = ["a.lora_A.weight", "a.lora_B.weight"]
@@ -205,7 +201,7 @@ def test_the_tracked_store_is_one_deterministic_gzip_per_line_and_merges_a_pendi
     cell and writes one gzip file per release line, byte-identical when nothing changed."""
     import json
 
-    import sweep_store
+    from hotfix_lab.sweep import sweep_store
 
     store = tmp_path / "docs" / "sweep-results"
     pending = sweep_store.append_target(store)
@@ -244,8 +240,8 @@ def test_the_page_is_what_the_tracked_rows_render_and_every_hand_note_is_read(tm
     failing with hotfix (a note the float64 re-check made needless is removed, not left to rot)."""
     from conftest import REPO
     from packaging.version import Version
-    from sweep_report import OUT_OF_SCOPE, RECIPE_ORDER
-    from sweep_worker import FUNCTION_MODES
+    from hotfix_lab.sweep.sweep_report import OUT_OF_SCOPE, RECIPE_ORDER
+    from hotfix_lab.sweep.sweep_worker import FUNCTION_MODES
 
     rows = load_results(REPO / "docs" / "sweep-results")
     assert all(r.get("torch") for r in rows if not r["model_type"].startswith("__")), "a row without its torch"

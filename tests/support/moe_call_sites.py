@@ -4,7 +4,7 @@
                                            ddp | fsdp2
 
 unsloth: unsloth-zoo's ``UnslothCheckpointFunction.apply`` (the release on PYTHONPATH, loaded on CPU by
-tools/lab/zoo_loader.py); deepspeed: ``deepspeed.checkpointing.checkpoint`` (one gloo rank, its CPU accelerator);
+tools/hotfix_lab/infra/zoo_loader.py); deepspeed: ``deepspeed.checkpointing.checkpoint`` (one gloo rank, its CPU accelerator);
 wrapper-*: torch's ``checkpoint_wrapper`` around each block (the fix reads a block's classes when it is wrapped);
 ddp / fsdp2: the model under DistributedDataParallel / fully_shard on one gloo rank, torch's non-reentrant checkpoint.
 HOTFIX_DISABLE=1: upstream.  With hotfix, the other sites: the fix reads the model's classes (``route``: what
@@ -21,7 +21,7 @@ import torch
 
 site = sys.argv[1]
 if site == "unsloth":
-    import zoo_loader
+    from hotfix_lab.infra import zoo_loader
 
     release = zoo_loader.load_release()
     zoo_loader.cpu_initialize(release)
@@ -58,7 +58,7 @@ else:
     function = None
 
 import moe_block  # noqa: E402
-import moe_cases  # noqa: E402
+from hotfix_lab.cases import moe_cases  # noqa: E402
 from hotfix.diagnostics.compare import collect_grads, compare_grads  # noqa: E402
 
 model = moe_block.Model()

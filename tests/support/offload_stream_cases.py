@@ -2,7 +2,7 @@
 
     python offload_stream_cases.py SCHEDULES [--mutants MAX_SCHEDULES] [--cases NAME,...]
 
-The release (first on PYTHONPATH) is loaded on CPU by tools/lab/zoo_loader.py with
+The release (first on PYTHONPATH) is loaded on CPU by tools/hotfix_lab/infra/zoo_loader.py with
 unsloth's own swap of torch's CheckpointFunction; hotfix is imported first, so
 on releases it patches, Whisper's reentrant checkpointing runs hotfix's
 forward/backward and its offloader, switched here to a StreamSanitizer (a new
@@ -58,7 +58,7 @@ class Case:
     """One model built once; every schedule re-runs the steps on it (weights never change)."""
 
     def __init__(self, name: str, offloader) -> None:
-        import tiny_models
+        from hotfix_lab.infra import tiny_models
         from hotfix.diagnostics.compare import collect_grads
 
         builder, encoder_device, decoder_device = CASES[name]
@@ -160,7 +160,7 @@ def main(argv: List[str]) -> int:
     args = parser.parse_args(argv)
 
     import hotfix  # noqa: F401  (activates: the zoo patches arrive through post-import hooks)
-    import zoo_loader
+    from hotfix_lab.infra import zoo_loader
     from hotfix.registry import registry
     from importlib import metadata
 

@@ -11,7 +11,7 @@ an ``enable_input_require_grads()`` hook crashes every forward).  tests/e2e/test
 runs each case with hotfix on and with ``HOTFIX_DISABLE=1`` and reads the "repaired" lines.
 
 The cases are tiny random-weight models built on CPU in milliseconds; Whisper comes from
-tools/lab/tiny_models.py (the e2e cases' builders), GIT and Llava are built here.
+tools/hotfix_lab/infra/tiny_models.py (the e2e cases' builders), GIT and Llava are built here.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import sys
 
 import torch
 
-import tiny_models  # tools/lab (on the child's PYTHONPATH)
+from hotfix_lab.infra import tiny_models  # tools/hotfix_lab (on the child's PYTHONPATH)
 
 
 def _only_query_value_train(model):

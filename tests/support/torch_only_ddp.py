@@ -1,6 +1,6 @@
 """Torch-only DDP scripts (no transformers, no `import hotfix`) calling torch's reentrant checkpoint under
 DDP(find_unused_parameters=True), one case each.  Launched by tests/e2e/test_torch_only_ddp.py with torchrun:
-RESULT_DIR first (tools/lab/rank_results.py's protocol).
+RESULT_DIR first (tools/hotfix_lab/infra/rank_results.py's protocol).
 
 - ``blocks``: a plain module's blocks call ``torch.utils.checkpoint.checkpoint(block, x, use_reentrant=True)``, a
   parameter never used (why the flag is set).
@@ -48,8 +48,8 @@ import torch
 import torch.distributed as dist
 import torch.utils.checkpoint
 
-import rank_results  # tools/lab
-import standalone  # tools/lab
+from hotfix_lab.infra import rank_results  # tools/hotfix_lab
+from hotfix_lab.infra import standalone  # tools/hotfix_lab
 
 compare = standalone.load("compare")
 CASES = ["blocks", "unet", "hub_style"]  # the default; timm's (TIMM_MODELS) run where timm is installed

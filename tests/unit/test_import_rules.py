@@ -2,9 +2,10 @@
 
 * import-linter's contracts (``[tool.importlinter]`` in pyproject.toml) over the installed wheel, where the fixes
   are ``hotfix.patches``: the fixes import only hotfix's public API and the engine; the engine imports neither
-  the fixes nor the registry; the core imports no fix, engine, diagnostics or CLI; no circle between siblings.
+  the fixes nor the registry; the core imports no fix, engine, diagnostics or CLI; no circle between siblings;
+  and over the lab (tools/hotfix_lab): the product never imports it, its layers hold, no circle in it.
   A planted violation breaks them (the contracts are not vacuous).
-* tools/import_cycles.py over the source tree (hotfix/, patches/, tools/, tests/): no circle, module or package.
+* tools/hotfix_lab/import_cycles.py over the source tree (hotfix/, patches/, tools/, tests/): no circle, module or package.
 * tools/ and tests/ import no private module of the product; the product imports neither tools/ nor tests/.
 """
 
@@ -19,6 +20,7 @@ from typing import Iterator, Tuple
 
 import hotfix
 from conftest import REPO, TESTS, TOOLS
+from hotfix_lab import import_cycles
 
 LINT = Path(sys.executable).parent / "lint-imports"
 INSTALLED = Path(hotfix.__file__).parent
@@ -45,15 +47,20 @@ def test_a_fix_importing_the_registry_breaks_a_contract(tmp_path):
         proc.stdout + proc.stderr
 
 
+def test_the_lab_infrastructure_importing_a_census_breaks_its_layers(tmp_path):
+    copy = tmp_path / "hotfix_lab"  # found first from tmp_path: the contracts read this copy
+    shutil.copytree(TOOLS / "hotfix_lab", copy, ignore=shutil.ignore_patterns("__pycache__"))
+    module = copy / "infra" / "tiny_models.py"
+    module.write_text(module.read_text() + "\nfrom hotfix_lab.census import releases  # planted\n")
+    proc = _lint(tmp_path)
+    assert proc.returncode != 0 and "hotfix_lab.infra.tiny_models -> hotfix_lab.census.releases" in proc.stdout, \
+        proc.stdout + proc.stderr
+
+
 def test_no_import_circle_anywhere_in_the_tree():
-    sys.path.insert(0, str(TOOLS))
-    try:
-        import import_cycles
-    finally:
-        sys.path.remove(str(TOOLS))
     roots = import_cycles.default_roots(REPO) + [(folder, True) for folder in sorted(TESTS.iterdir())
                                                   if folder.is_dir() and any(folder.glob("*.py"))] + [(TESTS, True)]
-    search = [TOOLS / "sweep", TOOLS / "lab", TESTS, TESTS / "support"]
+    search = [TESTS, TESTS / "support"]
     assert import_cycles.find_cycles(roots, search=search) == []
 
 
@@ -88,7 +95,7 @@ def test_tools_and_tests_import_no_private_module_of_the_product():
 
 
 def test_the_product_imports_neither_tools_nor_tests():
-    lab = {path.stem for folder in (TOOLS, TESTS) for path in folder.rglob("*.py")} - {"__init__", "__main__"}
+    lab = {"hotfix_lab"} | {path.stem for path in TESTS.rglob("*.py")} - {"__init__", "__main__"}
     found = [(str(path.relative_to(REPO)), module) for folder in (REPO / "hotfix", REPO / "patches")
              for path, module in _imports(folder) if module.split(".")[0] in lab]
     assert lab and found == []

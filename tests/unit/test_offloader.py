@@ -1,6 +1,6 @@
 """hotfix.checkpointing.offload.offloader and the replacement checkpoint Function, in this process, on CPU.
 
-The offloader runs on tools/lab/simulated_device.py's SimulatedDevice: real copies between CPU
+The offloader runs on tools/hotfix_lab/infra/simulated_device.py's SimulatedDevice: real copies between CPU
 tensors, with every wait / copy / allocation logged, so the stream ordering,
 buffer reuse and schedule are checked without a GPU.  The checkpoint methods
 are bound to a Function class defined here (no unsloth needed).
@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from hotfix.checkpointing.offload.offloader import OFFLOAD_MESSAGE, ActivationOffloader, CudaDevice
-from simulated_device import SimulatedDevice
+from hotfix_lab.infra.simulated_device import SimulatedDevice
 from hotfix.patches.unsloth_zoo_offload_backward import build_checkpoint_methods
 
 

@@ -1,6 +1,6 @@
 """torch-compile-recompute-graph in-process: a compiled function in two non-reentrant checkpointed calls.
 
-Which graph each run runs (tools/lab/compile_graph_order.py: a backend numbering its graphs): upstream the first
+Which graph each run runs (tools/hotfix_lab/cases/compile_graph_order.py: a backend numbering its graphs): upstream the first
 call's recomputation runs the second call's graph, with the fix its forward's.  And what that does: a function
 compiled with inductor (CPU) is called with 37 and then 100 rows, a static graph then a dynamic one.  The two
 compute its per-column variance apart in the last bits for some columns (measured first, in the test); the function
@@ -22,7 +22,7 @@ import torch._dynamo
 from torch.utils.checkpoint import checkpoint
 
 from conftest import apply_again, reverted
-import compile_graph_order  # tools/lab
+from hotfix_lab.cases import compile_graph_order  # tools/hotfix_lab
 from hotfix.diagnostics.compare import compare_grads
 from hotfix.patches.torch_compile_recompute_graph import SWITCH, SWITCH_MODULE, patch
 

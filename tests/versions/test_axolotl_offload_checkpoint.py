@@ -1,6 +1,6 @@
 """patches/axolotl_offload_checkpoint.py on real axolotl releases, on CPU.
 
-tools/lab/fork_cases.py in a fresh interpreter: the release's real ``monkeypatch/gradient_checkpointing/``
+tools/hotfix_lab/cases/fork_cases.py in a fresh interpreter: the release's real ``monkeypatch/gradient_checkpointing/``
 loaded by fork_loader (its package stubbed), its wrapper set as ``transformers.modeling_utils.checkpoint`` as
 axolotl does (``gradient_checkpointing: offload``, ``offload_disk``), one step without checkpointing and one
 with, every gradient compared (1e-6).  0.19.0 (latest) and 0.14.0 (the last whose host copy unpacks
@@ -15,11 +15,10 @@ against the declared ranges.
 from __future__ import annotations
 
 import json
-import sys
 
 import pytest
 
-from conftest import LAB, REPO, TOOLS, json_lines, matrix_path, repair_notices, run_python
+from conftest import REPO, json_lines, matrix_path, repair_notices, run_python
 
 FIX = "axolotl-offload-checkpoint"
 #: release -> the transformers it runs with (in tests/matrix.txt)
@@ -29,12 +28,12 @@ BACKWARD_TWICE = "Trying to backward through the graph a second time"
 
 def _cases(release, function, cases, then=None, env=None):
     """{(phase, case): result} of one fork_cases.py child, and the child."""
-    args = [str(LAB / "fork_cases.py"), function, *cases]
+    args = ["-P", "-m", "hotfix_lab.cases.fork_cases", function, *cases]
     env = dict(env or {})
     if then is not None:
         args += ["--activate", *then]
         env["HOTFIX_DISABLE"] = "1"
-    path = [matrix_path("axolotl", release), matrix_path("transformers", RELEASES[release]), TOOLS / "sweep"]
+    path = [matrix_path("axolotl", release), matrix_path("transformers", RELEASES[release])]
     proc = run_python(args, env=env, pythonpath=path, timeout=300)
     results = {(r["phase"], r["case"]): r for r in json_lines(proc.stdout)}
     first = "upstream" if then is not None else "hotfix"
@@ -93,9 +92,10 @@ def test_hotfix_without_this_fix_leaves_axolotls_wrapper_as_upstream():
 #: start-up hook activates hotfix there, while that module is half made
 AXOLOTL_FIRST = """
 import json, sys
-import fork_loader
+from hotfix_lab.infra import fork_loader
 module = fork_loader.load("axolotl")
-import hotfix, fork_cases
+import hotfix
+from hotfix_lab.cases import fork_cases
 patch = hotfix.known_patches()["axolotl-offload-checkpoint"]
 enable, _ = fork_loader.enabler("axolotl-offload", module)
 print(json.dumps({"applied": list(patch.applied_targets), "error": patch.last_error,
@@ -109,7 +109,7 @@ def test_axolotls_module_importing_transformers_first_gets_this_fix_once_its_imp
     activates hotfix while that module is half made.  The fix used to be applied right then ("skipped: ... none
     of hf_grad_checkpoint_offload_wrapper, ... is there") and every run crashed.  Now it waits for that import to
     finish: applied, every case equal."""
-    path = [matrix_path("axolotl", "0.19.0"), matrix_path("transformers", RELEASES["0.19.0"]), TOOLS / "sweep"]
+    path = [matrix_path("axolotl", "0.19.0"), matrix_path("transformers", RELEASES["0.19.0"])]
     proc = run_python(["-c", AXOLOTL_FIRST], pythonpath=path, timeout=300)
     found = json_lines(proc.stdout)
     assert found == [{"applied": ["axolotl.monkeypatch.gradient_checkpointing"], "error": None, "plain": "equal",
@@ -117,9 +117,8 @@ def test_axolotls_module_importing_transformers_first_gets_this_fix_once_its_imp
 
 
 def test_declared_ranges_equal_the_fork_census():
-    sys.path[:0] = [str(TOOLS / "census"), str(TOOLS / "sweep")]
-    import forks
-    import sweep_store
+    from hotfix_lab.census import forks
+    from hotfix_lab.sweep import sweep_store
 
     rows = [json.loads(line) for line in sweep_store.read_lines(REPO / "docs" / "census" / "forks")]
     mine = [r for r in rows if r["fork"] == "axolotl"]

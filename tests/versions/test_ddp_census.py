@@ -1,4 +1,4 @@
-"""The DDP census (tools/census/ddp.py, docs/census/ddp.md) against transformers-ddp-find-unused's declared range,
+"""The DDP census (tools/hotfix_lab/census/ddp.py, docs/census/ddp.md) against transformers-ddp-find-unused's declared range,
 and its direct cases against torch-ddp-find-unused's.
 
 Every census transformers release was measured under torch 2.13.0 and 2.14.1: one DDP rank with
@@ -16,17 +16,13 @@ tests/unit/test_ddp_find_unused_calls.py.
 from __future__ import annotations
 
 import json
-import sys
 
 import pytest
 
-from conftest import TOOLS
 
-sys.path[:0] = [str(TOOLS / "census"), str(TOOLS / "sweep"), str(TOOLS / "lab")]
-
-import ddp  # noqa: E402
-import releases  # noqa: E402
-import sweep_store  # noqa: E402
+from hotfix_lab.census import ddp
+from hotfix_lab.census import releases
+from hotfix_lab.sweep import sweep_store
 
 from hotfix.patches.torch_ddp_find_unused import patch as direct_patch  # noqa: E402
 from hotfix.patches.transformers_ddp_find_unused import patch  # noqa: E402

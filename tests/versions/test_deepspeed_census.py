@@ -1,4 +1,4 @@
-"""The DeepSpeed census (tools/census/deepspeed_census.py, docs/census/deepspeed.md) against deepspeed-zero3-frozen-recompute's
+"""The DeepSpeed census (tools/hotfix_lab/census/deepspeed_census.py, docs/census/deepspeed.md) against deepspeed-zero3-frozen-recompute's
 declared range.
 
 Every census DeepSpeed release (the last of each line before 0.12, the first and the last of each line from 0.12,
@@ -13,23 +13,14 @@ Reads the stored rows only (nothing runs).  The cases themselves run in tests/e2
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 
 import pytest
 
-from conftest import TOOLS
+from hotfix_lab.census import releases
+from hotfix_lab.sweep import sweep_store
 
-sys.path[:0] = [str(TOOLS / "census"), str(TOOLS / "sweep"), str(TOOLS / "lab")]
-
-import releases  # noqa: E402
-import sweep_store  # noqa: E402
-
-# loaded under its own name: as ``deepspeed`` it would stand in for DeepSpeed itself in this process
-_spec = importlib.util.spec_from_file_location("deepspeed_census", TOOLS / "census" / "deepspeed_census.py")
-census = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(census)
+from hotfix_lab.census import deepspeed_census as census
 
 from hotfix.patches.deepspeed_zero3_frozen_recompute import patch  # noqa: E402
 

@@ -23,14 +23,14 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch  # its release names DeepSpeed's extensions folder (the children run this venv's torch)
 
-import deepspeed_env  # tools/lab (conftest puts it on sys.path)
+from hotfix_lab.infra import deepspeed_env
 from conftest import free_port, json_lines, matrix_path, repair_notices, run_python
 
 CHILD = r"""
 import json, sys
 import torch, transformers
 import deepspeed
-import tiny_models
+from hotfix_lab.infra import tiny_models
 from hotfix.diagnostics.compare import collect_grads, compare_grads
 
 deepspeed.init_distributed(dist_backend="gloo")
@@ -40,7 +40,7 @@ GROUPS = {"partition": {"partition": dict(partition_activations=True),
           "cpu": {"cpu": dict(checkpoint_in_cpu=True)}}
 OPTIONS = GROUPS[sys.argv[1]]
 if sys.argv[1] == "cpu":  # cpu_checkpointing alone, as on an accelerator: its host copy a tensor of its own
-    import deepspeed_env
+    from hotfix_lab.infra import deepspeed_env
     deepspeed_env.stand_in_host_copy()
 
 def grads(recipe, options):

@@ -1,6 +1,6 @@
 """Issue 12's flows that need an accelerator, on a real GPU (marker ``gpu``; run by ``scripts/gpu/run --part tests``).
 
-Both run with tools/gpu/equality.py's deterministic kernels and judge gradients by its rule (1e-6,
+Both run with tools/hotfix_lab/gpu/equality.py's deterministic kernels and judge gradients by its rule (1e-6,
 or a small factor of what the same run measured; a missing gradient never equal).
 
 * ``accelerate launch --use_fsdp`` (one process, CUDA) with HF ``Seq2SeqTrainer``, gradient
@@ -23,26 +23,24 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import textwrap
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from conftest import CRASH, LAB, REPO, SUPPORT, free_port, json_lines, run_python
+from conftest import CRASH, SUPPORT, TOOLS, free_port, json_lines, run_python
 
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
-GPU_TOOLS = REPO / "tools" / "gpu"
-sys.path.insert(0, str(GPU_TOOLS))
-import equality  # noqa: E402  (the kit's one rule for "equal")
+from hotfix_lab.gpu import equality  # (the kit's one rule for "equal")
 
 TRAIN = textwrap.dedent(
     '''
     import json, os, sys
     import torch
-    import equality, tiny_models
+    from hotfix_lab.gpu import equality
+    from hotfix_lab.infra import tiny_models
 
     equality.deterministic(torch)
     out = {}
@@ -66,7 +64,8 @@ TRAIN = textwrap.dedent(
 NEW_API = r"""
 import json, sys
 import torch, transformers
-import equality, tiny_models
+from hotfix_lab.gpu import equality
+from hotfix_lab.infra import tiny_models
 from hotfix.diagnostics.checker import check_model
 equality.deterministic(torch)
 new_api = ("activation_checkpointing_enable(offload=True)", lambda m: m.activation_checkpointing_enable(
@@ -92,7 +91,7 @@ def _fsdp_train(folder, disabled, checkpointing=True):
            "CUBLAS_WORKSPACE_CONFIG": ":4096:8", **({"HOTFIX_DISABLE": "1"} if disabled else {})}
     proc = run_python(["-m", "accelerate.commands.launch", "--use_fsdp", "--num_processes", "1", "--num_machines", "1",
                        "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
-                       str(script)], env=env, pythonpath=[os.environ["HOTFIX_GPU_TRANSFORMERS"], LAB, SUPPORT, GPU_TOOLS],
+                       str(script)], env=env, pythonpath=[os.environ["HOTFIX_GPU_TRANSFORMERS"], TOOLS, SUPPORT],
                       timeout=150)
     result = folder / "result.json"
     assert result.exists(), f"rc {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
@@ -124,7 +123,7 @@ def test_new_api_with_offload_on_cuda():
     carried = os.environ.get("HOTFIX_GPU_TRANSFORMERS5")
     if not carried and not hasattr(__import__("transformers").PreTrainedModel, "activation_checkpointing_enable"):
         pytest.skip("no transformers with activation_checkpointing_enable (5.17+; the kit carries 5.23.0)")
-    paths = ([carried] if carried else []) + [LAB, SUPPORT, GPU_TOOLS]
+    paths = ([carried] if carried else []) + [TOOLS, SUPPORT]
     env = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
     with ThreadPoolExecutor(max_workers=2) as pool:
         runs = {disabled: pool.submit(run_python, ["-c", NEW_API, *(["deberta_v2"] if disabled else cases)],

@@ -2,15 +2,15 @@
 
 Marker ``gpu``: skipped without CUDA, unless HOTFIX_GPU_DEVICE=cpu (the kit's CPU
 self-test, ``scripts/gpu/run --cpu-selftest --part tests``, in CI: the same checks on a
-tiny Whisper through tools/lab/zoo_loader.py's CPU seam, without the offload line).
+tiny Whisper through tools/hotfix_lab/infra/zoo_loader.py's CPU seam, without the offload line).
 Run by the GPU kit (``bash scripts/gpu/run --part tests``, docs/gpu.md), which installs
 transformers 4.56.2 and each release into private folders and names them in
 HOTFIX_GPU_TRANSFORMERS / HOTFIX_GPU_SITE.  Each case is a fresh interpreter
-(tools/gpu/whisper_steps.py), several at a time (HOTFIX_GPU_JOBS): the release's real
+(tools/hotfix_lab/gpu/whisper_steps.py), several at a time (HOTFIX_GPU_JOBS): the release's real
 ``gradient_checkpointing.py`` with its real CUDA layer
 (``patch_unsloth_smart_gradient_checkpointing()``: its own pinned buffers and streams),
 a Whisper with 30 s inputs at batch BATCH (4), full fine-tuning, 3 steps on unchanged
-weights, each compared with a step without checkpointing, with tools/gpu/equality.py's
+weights, each compared with a step without checkpointing, with tools/hotfix_lab/gpu/equality.py's
 deterministic kernels (two steps without checkpointing bit-identical on the H100, 2026-11-25).
 Batch 4 because every release must offload: an encoder layer's input at the test dims is
 1500 x 256 values a sample, and the 2 MiB cutoff is counted in elements of the set-up dtype
@@ -45,14 +45,14 @@ from pathlib import Path
 
 import pytest
 
-from conftest import CRASH, REPO, matrix_versions
+from conftest import CRASH, TOOLS, matrix_versions
 
 torch = pytest.importorskip("torch")
 DEVICE = os.environ.get("HOTFIX_GPU_DEVICE") or ("cuda" if torch.cuda.is_available() else None)
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(DEVICE is None, reason="needs CUDA (HOTFIX_GPU_DEVICE=cpu: the kit's CPU self-test)")]
 
-STEPS = REPO / "tools" / "gpu" / "whisper_steps.py"
+STEPS = ["-P", "-m", "hotfix_lab.gpu.whisper_steps"]
 DIMS = "test" if DEVICE == "cuda" else "tiny-cpu"
 RELEASES = [v for v in os.environ.get("HOTFIX_GPU_RELEASES", "").split(",") if v] or matrix_versions("unsloth-zoo")
 MUTATION = os.environ.get("HOTFIX_GPU_MUTATION")
@@ -73,18 +73,17 @@ def _run(version, dtype, disabled):
     """(result row, process) of one case: whisper_steps in a fresh interpreter, run from outside the checkout."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("HOTFIX_") and k != "PYTHONPATH"}
     transformers_dir = os.environ.get("HOTFIX_GPU_TRANSFORMERS")
-    if transformers_dir:
-        env["PYTHONPATH"] = transformers_dir
+    env["PYTHONPATH"] = os.pathsep.join([transformers_dir, str(TOOLS)] if transformers_dir else [str(TOOLS)])
     if disabled:
         env["HOTFIX_DISABLE"] = "1"
-    cmd = [sys.executable, str(STEPS), "--mode", "unsloth", "--zoo", str(_zoo_dir(version)), "--dims", DIMS,
+    cmd = [sys.executable, *STEPS, "--mode", "unsloth", "--zoo", str(_zoo_dir(version)), "--dims", DIMS,
            "--device", DEVICE, "--dtype", dtype, "--batches", str(BATCH), "--steps", "3", "--compare", "--deterministic"]
     # fp32 is asserted exact: the releases that store offloaded fp32 inputs as bf16 by default are told not to
     cmd += ["--noise-floor", "--offload-fp32", "exact"] if dtype == "float32" else ["--against", "non-reentrant"]
     if MUTATION and not disabled:
         cmd += ["--mutate", MUTATION]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120 if DEVICE == "cuda" else 400,
-                          cwd=str(Path(STEPS).parent))
+                          cwd=str(TOOLS))
     rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     return (rows[0] if rows else None), proc
 

@@ -1,6 +1,6 @@
 """patches/llamafactory_unsloth_gc.py on a real LlamaFactory release, on CPU.
 
-tools/lab/fork_cases.py in a fresh interpreter: the release's real ``model_utils/checkpointing.py`` loaded by
+tools/hotfix_lab/cases/fork_cases.py in a fresh interpreter: the release's real ``model_utils/checkpointing.py`` loaded by
 fork_loader (its package stubbed), checkpointing turned on as LlamaFactory's ``prepare_model_for_training``
 does, one step without checkpointing and one with, every gradient compared (1e-6).  0.9.5 (latest) with
 transformers 4.56.2 (the test venv's; its pins allow it): each defect reproduces upstream (HOTFIX_DISABLE=1),
@@ -12,9 +12,8 @@ from hotfix's wrappers of the call, this fix opted out or not.  Every release on
 from __future__ import annotations
 
 import json
-import sys
 
-from conftest import LAB, REPO, TOOLS, json_lines, matrix_path, repair_notices, run_python
+from conftest import REPO, json_lines, matrix_path, repair_notices, run_python
 
 FIX = "llamafactory-unsloth-gc"
 RELEASE = "0.9.5"
@@ -24,12 +23,12 @@ ONE_GRADIENT = "takes 2 positional arguments but 3 were given"
 
 def _cases(function, cases, then=None, env=None):
     """{(phase, case): result} of one fork_cases.py child, and the child."""
-    args = [str(LAB / "fork_cases.py"), function, *cases]
+    args = ["-P", "-m", "hotfix_lab.cases.fork_cases", function, *cases]
     env = dict(env or {})
     if then is not None:
         args += ["--activate", *then]
         env["HOTFIX_DISABLE"] = "1"
-    proc = run_python(args, env=env, pythonpath=[matrix_path("llamafactory", RELEASE), TOOLS / "sweep"], timeout=300)
+    proc = run_python(args, env=env, pythonpath=[matrix_path("llamafactory", RELEASE)], timeout=300)
     results = {(r["phase"], r["case"]): r for r in json_lines(proc.stdout)}
     first = "upstream" if then is not None else "hotfix"
     expected = [(first, c) for c in cases] + [("hotfix", c) for c in then or ()]
@@ -72,9 +71,8 @@ def test_llamafactorys_wrapper_reads_the_layer_from_hotfixs_wrappers():
 
 
 def test_declared_ranges_equal_the_fork_census():
-    sys.path[:0] = [str(TOOLS / "census"), str(TOOLS / "sweep")]
-    import forks
-    import sweep_store
+    from hotfix_lab.census import forks
+    from hotfix_lab.sweep import sweep_store
 
     rows = [json.loads(line) for line in sweep_store.read_lines(REPO / "docs" / "census" / "forks")]
     mine = [r for r in rows if r["fork"] == "llamafactory"]

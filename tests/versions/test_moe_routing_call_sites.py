@@ -6,7 +6,7 @@ recomputation only) checkpointed through each site (tests/support/moe_call_sites
 one with it: upstream wrong gradients or a CheckpointError, with hotfix every gradient equal to the step without
 checkpointing (1e-4).  unsloth-zoo 2025.11.3 loaded on CPU; DeepSpeed 0.19.8, one gloo rank; DDP and FSDP2 with
 torch's non-reentrant checkpoint (fully_shard: torch >= 2.6).  And unsloth-zoo's fused MoE router (2026.10.9, on
-transformers 5.24.0's models through tools/lab/zoo_moe.py, its Triton kernel a CPU stand-in) and its own Qwen3-MoE
+transformers 5.24.0's models through tools/hotfix_lab/cases/zoo_moe.py, its Triton kernel a CPU stand-in) and its own Qwen3-MoE
 block forward.
 """
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import LAB, SUPPORT, free_port, json_lines, matrix_path, run_python
+from conftest import SUPPORT, free_port, json_lines, matrix_path, run_python
 
 SITES = {"unsloth": ("unsloth-zoo", "2025.11.3"), "deepspeed": ("deepspeed", "0.19.8"),
          "wrapper-reentrant": None, "wrapper-no-reentrant": None, "ddp": None, "fsdp2": None}
@@ -42,7 +42,7 @@ FUSED_CASES = ("qwen3_moe:reentrant", "qwen3_moe:non-reentrant", "gpt_oss:reentr
 
 def _zoo_moe(flags, cases, env):
     pythonpath = [matrix_path("transformers", "5.24.0"), matrix_path("unsloth-zoo", "2026.10.9")]
-    proc = run_python([str(LAB / "zoo_moe.py"), *flags, *cases],
+    proc = run_python(["-P", "-m", "hotfix_lab.cases.zoo_moe", *flags, *cases],
                       pythonpath=pythonpath, env={"OMP_NUM_THREADS": "1", **env}, timeout=600)
     lines = json_lines(proc.stdout)
     assert len(lines) == len(cases) + ("--fused-router" in flags), proc.stderr[-3000:]

@@ -1,7 +1,7 @@
-"""moe-routing-replay across transformers 4.56.2 and 5.24.0: the MoE routing census (tools/census/moe_routing.py).
+"""moe-routing-replay across transformers 4.56.2 and 5.24.0: the MoE routing census (tools/hotfix_lab/census/moe_routing.py).
 
 Every MoE model type each line's modeling code has (a causal LM calling ``topk``, a config counting experts), built
-tiny, its routers tied and drifted during the recomputation only (tools/lab/moe_cases.py: the last-bit drift a GPU
+tiny, its routers tied and drifted during the recomputation only (tools/hotfix_lab/cases/moe_cases.py: the last-bit drift a GPU
 makes), one step with reentrant and with non-reentrant checkpointing against the same step without, in a child
 without hotfix and one with it; LoRA on the router; no drift (bit-identical with and without hotfix).  The census
 exits 1 where a measured cell is not equal with hotfix, a drift cell that flipped a token upstream is equal there,
@@ -16,9 +16,9 @@ import sys
 
 import pytest
 
-from conftest import IN_CI, MATRIX, REPO, TOOLS, clean_env
+from conftest import IN_CI, MATRIX, REPO, clean_env
 
-CENSUS = TOOLS / "census" / "moe_routing.py"
+CENSUS = ["-P", "-m", "hotfix_lab.census.moe_routing"]
 PAGE = REPO / "docs" / "census" / "moe-routing.md"
 
 
@@ -26,7 +26,7 @@ def test_every_moe_type_routes_as_its_forward_did(tmp_path):
     if not (MATRIX / "transformers-5.24.0").is_dir() and not IN_CI:
         pytest.skip("transformers 5.24.0 is not installed in .matrix/ (scripts/test.sh installs it)")
     page = tmp_path / "moe-routing.md"
-    proc = subprocess.run([sys.executable, str(CENSUS), "--page", str(page)], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, *CENSUS, "--page", str(page)], capture_output=True, text=True,
                           timeout=900, cwd=str(tmp_path), env=clean_env())
     problems = [line for line in proc.stdout.splitlines() if line.startswith("PROBLEM")]
     assert proc.returncode == 0, "\n".join(problems) or proc.stderr[-3000:]

@@ -5,7 +5,7 @@ tests/test_unsloth_zoo_offload.py shows that the offloader *makes* its waits
 shows they are *enough*: side-stream copies are queued and run at adversarial,
 seeded points the recorded edges allow; every buffer is tracked with vector
 clocks and poisoned when released or freed.  Each unsloth-zoo release of the
-matrix is loaded on CPU (tools/lab/zoo_loader.py) in a child
+matrix is loaded on CPU (tools/hotfix_lab/infra/zoo_loader.py) in a child
 (tests/support/offload_stream_cases.py) that trains tiny Whisper through the
 release's UnslothCheckpointFunction: LoRA with the encoder on virtual device 0
 and the decoder on device 1 (two side streams, pools and staging buffers), and

@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch  # its release names DeepSpeed's extensions folder (the children run this venv's torch)
 
-import deepspeed_env  # tools/lab (conftest puts it on sys.path)
+from hotfix_lab.infra import deepspeed_env
 from conftest import hotfix_lines, json_lines, matrix_path, run_python
 
 CHILD = r"""
@@ -30,7 +30,7 @@ from hotfix.diagnostics.compare import collect_grads, compare_grads
 
 checkpoint_function = functools.partial(torch.utils.checkpoint.checkpoint, use_reentrant=True)
 if sys.argv[1] == "unsloth":
-    import zoo_loader
+    from hotfix_lab.infra import zoo_loader
     zoo_loader.install_unsloth_swap(zoo_loader.load_release())
 elif sys.argv[1] == "deepspeed":  # DeepSpeed's own function in transformers' place (issue 42, part 4): one process
     import deepspeed

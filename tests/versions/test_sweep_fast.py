@@ -1,4 +1,4 @@
-"""The CI subset of the model sweep (tools/sweep/sweep_models.py --fast; full sweep: docs/sweep.md).
+"""The CI subset of the model sweep (tools/hotfix_lab/sweep/sweep_models.py --fast; full sweep: docs/sweep.md).
 
 Four model types (and DeBERTa-v2's ``layer_norm`` variant, swept with it) on transformers 4.56.2, built generically from shrunk configs (the same code path
 as the full sweep), each checked in every recipe (full fine-tuning, LoRA on the attention
@@ -16,13 +16,13 @@ import re
 import subprocess
 import sys
 
-from conftest import REPO, matrix_path
+from conftest import matrix_path
 
 RECIPES = ("full", "lora", "lora-input-grads", "frozen-tower")
 UNPATCHED = {  # model type -> recipe -> result without hotfix
     "bert": {"full": "pass", "lora": "FAIL", "lora-input-grads": "pass", "frozen-tower": "n/a"},
     "deberta-v2": {"full": "pass", "lora": "FAIL", "lora-input-grads": "pass", "frozen-tower": "n/a"},
-    # the variant the default config skips (tools/sweep/sweep_families/config_variants.py): rel_embeddings= by keyword
+    # the variant the default config skips (tools/hotfix_lab/sweep/sweep_families/config_variants.py): rel_embeddings= by keyword
     "deberta-v2+layer_norm": {"full": "FAIL", "lora": "FAIL", "lora-input-grads": "pass", "frozen-tower": "n/a"},
     "layoutlm": {"full": "FAIL", "lora": "FAIL", "lora-input-grads": "FAIL", "frozen-tower": "n/a"},
     "whisper": {"full": "FAIL", "lora": "FAIL", "lora-input-grads": "FAIL", "frozen-tower": "pass"},
@@ -33,7 +33,7 @@ def test_fast_sweep(tmp_path):
     matrix_path("transformers", "4.56.2")
     results, doc = tmp_path / "fast.jsonl", tmp_path / "fast.md"
     proc = subprocess.run(
-        [sys.executable, str(REPO / "tools" / "sweep" / "sweep_models.py"), "--fast", "--fresh", "--jobs", "2",
+        [sys.executable, "-P", "-m", "hotfix_lab.sweep.sweep_models", "--fast", "--fresh", "--jobs", "2",
          "--results", str(results), "--doc", str(doc)],
         capture_output=True, text=True, timeout=600, cwd=str(tmp_path),
     )

@@ -1,6 +1,6 @@
 """Vision-tower LoRA on transformers 5.23.0 (unsloth issue 5039's symptom), through the sweep's own code path.
 
-Qwen3-VL and GLM-4V, built by tools/sweep/sweep_families (patch grid + grid_thw, image placeholder
+Qwen3-VL and GLM-4V, built by tools/hotfix_lab/sweep/sweep_families (patch grid + grid_thw, image placeholder
 tokens), PEFT LoRA on the attention projections, base frozen, AFTER enable_input_require_grads()
 (the documented PEFT recipe).  Reentrant checkpointing — what unsloth-zoo forces on 5.x, through
 its own UnslothCheckpointFunction, and torch's — leaves the vision tower's adapters without a

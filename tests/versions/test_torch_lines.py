@@ -10,13 +10,13 @@ Two crashes with hotfix active where upstream trains, both in the checkpoint slo
   ``__get__``; it took the slot object itself for the function, and its guard (which reads the
   instance ``__dict__``) then failed on the frame it was compiled for.
 
-Here tools/lab/compile_case.py runs a tiny Whisper and a tiny Llama under ``torch.compile(backend="eager")``
+Here tools/hotfix_lab/cases/compile_case.py runs a tiny Whisper and a tiny Llama under ``torch.compile(backend="eager")``
 in the side venvs scripts/test.sh installs (.matrix/torch-<version>, hotfix from the same wheel,
 transformers 4.56.2 and unsloth-zoo 2026.10.9 from .matrix/), without and with hotfix: both train,
 every gradient equal to an uncompiled step without checkpointing, and dynamo compiles the same
 number of graphs and frames, with no recompilation in step 2.  Then the same with a second model of
 the type checkpointing beside it (the slot has no one function to hand dynamo there).  The census
-(tools/census/census.py, docs/versions.md) measures the other torch lines.
+(tools/hotfix_lab/census/census.py, docs/versions.md) measures the other torch lines.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from conftest import LAB, json_lines, matrix_path, run_python
+from conftest import json_lines, matrix_path, run_python
 
 TORCH_LINES = ("2.11.0", "2.7.1")  # scripts/test.sh installs each
 pytestmark = pytest.mark.side_torch  # scripts/test.sh runs these after the side torches are installed
@@ -41,7 +41,7 @@ def _compile_case(torch, model, function, hotfix, *extra):
     env = {"OMP_NUM_THREADS": "1"}
     if not hotfix:
         env["HOTFIX_DISABLE"] = "1"
-    proc = run_python([str(LAB / "compile_case.py"), "--model", model, "--backend", "eager",
+    proc = run_python(["-P", "-m", "hotfix_lab.cases.compile_case", "--model", model, "--backend", "eager",
                        "--function", function, *extra], env=env, pythonpath=paths, python=python, timeout=300)
     lines = json_lines(proc.stdout)
     assert lines, proc.stderr[-3000:]
@@ -78,13 +78,13 @@ def test_compiled_model_beside_another_checkpointing_model_trains_with_equal_gra
 
 @pytest.mark.parametrize("torch", TORCH_LINES)
 def test_a_compiled_functions_recomputation_runs_its_forwards_graph_from_torch_2_10(torch):
-    """torch-compile-recompute-graph on the side lines (tools/lab/compile_graph_order.py: a backend numbering its
+    """torch-compile-recompute-graph on the side lines (tools/hotfix_lab/cases/compile_graph_order.py: a backend numbering its
     graphs, two non-reentrant checkpointed calls with 3 and 5 rows).  Every line has the mechanism; from 2.10 the fix
     applies (Dynamo's switch) and the first call's recomputation runs its forward's graph; before it the fix is not
     applied (declared not reached: `hotfix status` says NOT COVERED) and the recomputation runs the graph compiled
     last, as upstream."""
     python = str(matrix_path("torch", torch) / "bin" / "python")
-    proc = run_python([str(LAB / "compile_graph_order.py")], env={"OMP_NUM_THREADS": "1"}, python=python, timeout=300)
+    proc = run_python(["-P", "-m", "hotfix_lab.cases.compile_graph_order"], env={"OMP_NUM_THREADS": "1"}, python=python, timeout=300)
     lines = json_lines(proc.stdout)
     assert lines, proc.stderr[-3000:]
     out = lines[-1]

@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from packaging.version import Version
 
-from conftest import LAB, json_lines, matrix_path, matrix_versions, repair_notices, run_python
+from conftest import json_lines, matrix_path, matrix_versions, repair_notices, run_python
 
 CASES = [
     "whisper",
@@ -60,7 +60,7 @@ def _line(version: str) -> str:
 
 
 #: Whisper through gradient_checkpointing_enable()'s own default (the seed report's call: reentrant on 4.x,
-#: non-reentrant on 5.x), run in the same child as the cases (tools/lab/grad_case.py's CASE@default): one
+#: non-reentrant on 5.x), run in the same child as the cases (tools/hotfix_lab/cases/grad_case.py's CASE@default): one
 #: interpreter per release and half, not two.  Before wavlm, whose runaway may end an upstream child.
 WHISPER_DEFAULT = "whisper@default"
 
@@ -73,7 +73,7 @@ def _cases(version):
 
 
 def _run_cases(version, disabled):
-    args = [str(LAB / "grad_case.py")] + _cases(version)
+    args = ["-P", "-m", "hotfix_lab.cases.grad_case"] + _cases(version)
     # WavLM upstream grows without bound (each layer's recomputation re-walks position_bias's history); a
     # tiny model's step grows by a few MiB, so 256 MiB stops the runaway in ~15 s instead of ~90 s.  One thread:
     # the upstream and the hotfix child of a release run side by side (_both), one core each.

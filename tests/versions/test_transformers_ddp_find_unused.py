@@ -1,7 +1,7 @@
 """transformers-ddp-find-unused on transformers 5.23.0 and unsloth-zoo 2025.11.3, one DDP rank each (gloo, loopback).
 
 DDP's unused-parameter search and its "ready" marks are local to a rank: one rank
-(tools/lab/ddp_cases.py with WORLD_SIZE=1) shows the defect.  transformers 5.23.0
+(tools/hotfix_lab/cases/ddp_cases.py with WORLD_SIZE=1) shows the defect.  transformers 5.23.0
 (``GradientCheckpointingLayer``'s ``partial(forward, self)``; 4.56.2 runs in e2e/test_ddp_find_unused.py;
 every other release of the matrix is in docs/fixes/transformers-ddp-find-unused.md), torch's and
 unsloth-zoo's checkpoint function: upstream DDP's error, with hotfix every LoRA gradient equal to DDP
@@ -15,14 +15,14 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
-from conftest import LAB, launch_ranks, matrix_path
+from conftest import launch_ranks, matrix_path
 
 FIND_UNUSED = "Expected to mark a variable ready only once"
 CASES = ["lora", "unsloth:lora"]
 
 
 def one_rank(folder, transformers, zoo, cases, env=None):
-    results, _ = launch_ranks(folder, LAB / "ddp_cases.py", cases, 1, env=env,
+    results, _ = launch_ranks(folder, "hotfix_lab.cases.ddp_cases", cases, 1, env=env,
                               pythonpath=[matrix_path("transformers", transformers), matrix_path("unsloth-zoo", zoo)])
     return results[0]
 

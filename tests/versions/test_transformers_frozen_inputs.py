@@ -30,7 +30,8 @@ MISSING_UPSTREAM = {"4.52.4": 8, "4.53.3": 8, "4.56.2": 8, "4.57.6": 8, "5.0.0":
 CHILD = r"""
 import hashlib, json, sys
 import torch, transformers
-import hotfix, tiny_models
+import hotfix
+from hotfix_lab.infra import tiny_models
 from hotfix.diagnostics.compare import collect_grads, compare_grads
 
 def digest(loss, grads):

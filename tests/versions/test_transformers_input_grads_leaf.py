@@ -204,7 +204,7 @@ def test_embeddings_returning_a_tuple_crash_upstream_and_train_exactly_with_hotf
 QUIET_CHILD = r"""
 import hashlib, json
 import torch, transformers
-import tiny_models
+from hotfix_lab.infra import tiny_models
 import hotfix
 from hotfix.diagnostics.compare import collect_grads
 

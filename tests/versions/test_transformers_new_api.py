@@ -30,7 +30,8 @@ VERSION = "5.23.0"
 CHILD = r"""
 import json, sys
 import torch, transformers
-import grad_case, tiny_models
+from hotfix_lab.cases import grad_case
+from hotfix_lab.infra import tiny_models
 from hotfix.diagnostics.checker import check_model
 builders = {"deberta-v2": tiny_models.deberta_v2, "wavlm": tiny_models.wavlm,
             "whisper-qv-no-hook": tiny_models.whisper_qv_only_no_hook}
@@ -82,7 +83,7 @@ def test_fixes_apply_through_activation_checkpointing_enable():
 NO_ALIAS_WARNING = r"""
 import json, warnings
 import torch, transformers
-import tiny_models
+from hotfix_lab.infra import tiny_models
 from hotfix.diagnostics.compare import collect_grads, compare_grads
 model, batch = tiny_models.whisper(0)
 model(**batch).loss.backward(); reference = collect_grads(model); model.zero_grad(set_to_none=True)

@@ -30,7 +30,8 @@ import json, sys, warnings
 import torch, transformers
 import transformers.modeling_utils as modeling_utils
 import hotfix
-import grad_case, tiny_models
+from hotfix_lab.cases import grad_case
+from hotfix_lab.infra import tiny_models
 from hotfix.status import fix_statuses
 
 variant, removed = sys.argv[1], sys.argv[2].split(",")

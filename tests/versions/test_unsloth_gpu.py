@@ -1,9 +1,9 @@
 """The seed's own flow on a GPU: unsloth's FastModel, Whisper, LoRA, use_gradient_checkpointing="unsloth".
 
-``test_seed_flow_with_hotfix`` runs tools/gpu/unsloth_flow.py once, all four variants (hotfix and
+``test_seed_flow_with_hotfix`` runs tools/hotfix_lab/gpu/unsloth_flow.py once, all four variants (hotfix and
 upstream, each with unsloth's compiled modules and eager; the script's docstring says what runs and
 under which deterministic settings), where the GPU kit has carried unsloth: ``scripts/gpu/run --part
-unsloth`` installs the wheels of tools/gpu/unsloth-carry.txt into ``$HOTFIX_GPU_SITE/unsloth``
+unsloth`` installs the wheels of tools/hotfix_lab/gpu/unsloth-carry.txt into ``$HOTFIX_GPU_SITE/unsloth``
 (or name the folder in HOTFIX_GPU_UNSLOTH).  It skips without CUDA or without that folder, saying
 which.  With HOTFIX_GPU_OUT set, the flow's JSON lines and log are written there.
 
@@ -25,7 +25,7 @@ gradient, a wrong one, a missing offload line and a crash.
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
 import os
 import subprocess
@@ -34,16 +34,13 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from conftest import TOOLS
 
-FLOW = REPO / "tools" / "gpu" / "unsloth_flow.py"
+FLOW = ["-P", "-m", "hotfix_lab.gpu.unsloth_flow"]
 
 
 def _flow_module():
-    spec = importlib.util.spec_from_file_location("unsloth_flow", FLOW)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module("hotfix_lab.gpu.unsloth_flow")
 
 
 def _site():
@@ -52,7 +49,7 @@ def _site():
     site = Path(named) if named else Path(os.environ.get("HOTFIX_GPU_SITE") or "/nonexistent") / "unsloth"
     if not (site / "unsloth" / "__init__.py").is_file():
         return None, (f"no carried unsloth in {site}: the seed's FastModel flow runs through "
-                      f"scripts/gpu/run --part unsloth (tools/gpu/unsloth-carry.txt)")
+                      f"scripts/gpu/run --part unsloth (tools/hotfix_lab/gpu/unsloth-carry.txt)")
     return site, None
 
 
@@ -66,8 +63,9 @@ def test_seed_flow_with_hotfix(record_property):
     if site is None:
         pytest.skip(reason)
     env = {k: v for k, v in os.environ.items() if not k.startswith("HOTFIX_") and k != "PYTHONPATH"}
+    env["PYTHONPATH"] = str(TOOLS)  # the lab only
     # 4 variants, 45-100 s each alone on an H100 (2026-11-25), two at a time: inside the part's 10-minute call
-    proc = subprocess.run([sys.executable, str(FLOW), "--site", str(site), "--timeout", "150", "--jobs", "2"], env=env,
+    proc = subprocess.run([sys.executable, *FLOW, "--site", str(site), "--timeout", "150", "--jobs", "2"], env=env,
                           capture_output=True, text=True, timeout=480)
     out = os.environ.get("HOTFIX_GPU_OUT")
     if out:
@@ -110,7 +108,8 @@ def test_flow_measures_on_cpu(tmp_path):
     (site / "unsloth").mkdir(parents=True)
     (site / "unsloth" / "__init__.py").write_text(STAND_IN_UNSLOTH)
     env = {k: v for k, v in os.environ.items() if not k.startswith("HOTFIX_") and k != "PYTHONPATH"}
-    proc = subprocess.run([sys.executable, str(FLOW), "--site", str(site), "--dims", "tiny-cpu", "--batch", "2",
+    env["PYTHONPATH"] = str(TOOLS)  # the lab only
+    proc = subprocess.run([sys.executable, *FLOW, "--site", str(site), "--dims", "tiny-cpu", "--batch", "2",
                            "--variants", "hotfix-eager,upstream-eager", "--timeout", "120", "--jobs", "2"], env=env,
                           capture_output=True, text=True, timeout=300)
     rows = {row["variant"]: row for row in map(json.loads, proc.stdout.splitlines()) if "variant" in row}

@@ -19,7 +19,7 @@ import textwrap
 
 import pytest
 
-from conftest import LAB, hotfix_lines, json_lines, matrix_path, matrix_versions, run_python
+from conftest import hotfix_lines, json_lines, matrix_path, matrix_versions, run_python
 
 BACKWARD_TWICE = "Trying to backward through the graph a second time"
 WRONG_GRAD_COUNT = "UnslothCheckpointFunctionBackward returned an incorrect number of gradients"
@@ -52,7 +52,7 @@ def _run(version, cases, then=None, late=False, env=None, transformers=None):
     """{(phase, case): result}.  With ``then``: ``cases`` run with HOTFIX_DISABLE=1
     (upstream), then hotfix is activated in the same process, on the release
     already loaded and swapped in, and ``then`` runs with it."""
-    args = [str(LAB / "zoo_cases.py")] + (["--late"] if late else []) + list(cases)
+    args = ["-P", "-m", "hotfix_lab.cases.zoo_cases"] + (["--late"] if late else []) + list(cases)
     child_env = dict(env or {})
     if then is not None:
         args += ["--activate"] + list(then)
@@ -221,7 +221,7 @@ CLOSURE_FROZEN_FIRST = textwrap.dedent(
     """
     import functools, json
     import hotfix  # activates: the release's patches arrive through the post-import hooks
-    from zoo_loader import install_unsloth_swap, load_release
+    from hotfix_lab.infra.zoo_loader import install_unsloth_swap, load_release
     import torch
 
     gc = load_release()
@@ -280,7 +280,7 @@ def test_late_activation_and_zoo_patch_alone():
 
 
 def test_drift_skips_with_one_warning_each():
-    proc = run_python([str(LAB / "zoo_cases.py"), "drift"], pythonpath=[matrix_path("unsloth-zoo", "2025.11.3")],
+    proc = run_python(["-P", "-m", "hotfix_lab.cases.zoo_cases", "drift"], pythonpath=[matrix_path("unsloth-zoo", "2025.11.3")],
                       timeout=120)
     lines = json_lines(proc.stdout)
     assert len(lines) == 1, proc.stderr[-3000:]

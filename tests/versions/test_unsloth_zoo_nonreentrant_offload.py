@@ -1,6 +1,6 @@
 """patches/unsloth_zoo_nonreentrant_offload.py on a real unsloth-zoo release and real transformers, on CPU.
 
-tools/lab/zoo_routing.py in a fresh interpreter: transformers imported, the release loaded by
+tools/hotfix_lab/cases/zoo_routing.py in a fresh interpreter: transformers imported, the release loaded by
 zoo_loader, unsloth's own ``patch_unsloth_smart_gradient_checkpointing()`` (``swap``), then a tiny
 Llama's checkpointing enabled as a trainer does; each setup three steps, the unsloth nodes of each
 loss counted, gradients against the same step without checkpointing, unsloth's offload line.
@@ -14,11 +14,10 @@ line said; a user who never asked stays non-reentrant.  Every release of the cen
 from __future__ import annotations
 
 import json
-import sys
 
 import pytest
 
-from conftest import LAB, TOOLS, hotfix_lines, json_lines, matrix_path, repair_notices, run_python
+from conftest import hotfix_lines, json_lines, matrix_path, repair_notices, run_python
 
 FIX = "unsloth-zoo-nonreentrant-offload"
 DDP_FIX = "transformers-ddp-find-unused"
@@ -29,7 +28,7 @@ LAYERS = 3
 def _routing(transformers, setups, env=None):
     """The setups' results of one zoo_routing.py child, in order, and the child."""
     path = [matrix_path("unsloth-zoo", RELEASE), matrix_path("transformers", transformers)]
-    proc = run_python([str(LAB / "zoo_routing.py"), *setups], env=env, pythonpath=path, timeout=300)
+    proc = run_python(["-P", "-m", "hotfix_lab.cases.zoo_routing", *setups], env=env, pythonpath=path, timeout=300)
     results = [r for r in json_lines(proc.stdout) if r["case"] == "setup"]
     assert [r["setup"] for r in results] == [s for s in setups if s not in ("swap", "unswap", "activate", "revert")], \
         proc.stdout[-2000:] + proc.stderr[-3000:]
@@ -94,16 +93,15 @@ def test_under_ddp_without_the_ddp_fix_the_call_stays_non_reentrant():
 
 def test_census_rows_hold_the_declared_ranges():
     """Every census release under both transformers lines, and the fix's ranges equal to what they measure."""
-    sys.path[:0] = [str(TOOLS / "census"), str(TOOLS / "sweep"), str(TOOLS / "lab")]
-    import releases
-    import sweep_store
-    import zoo_nonreentrant
+    from hotfix_lab.census import releases
+    from hotfix_lab.sweep import sweep_store
+    from hotfix_lab.census import zoo_nonreentrant
 
     from hotfix.patches.unsloth_zoo_nonreentrant_offload import patch
 
     rows = [json.loads(line) for line in sweep_store.read_lines(zoo_nonreentrant.STORE)]
     if not rows:
-        pytest.skip("no census rows yet: python tools/census/zoo_nonreentrant.py")
+        pytest.skip("no census rows yet: python -P -m hotfix_lab.census.zoo_nonreentrant")
     measured = {(r["release"], r["transformers"]) for r in rows if r["verdict"] != "error"}
     missing = [(zoo, t) for zoo, _ in releases.zoo_releases() for t in zoo_nonreentrant.TRANSFORMERS
                if (zoo, t) not in measured]

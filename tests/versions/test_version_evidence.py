@@ -64,7 +64,7 @@ CHILD = textwrap.dedent(
     """
     import contextlib, io, json
     import torch, transformers
-    import tiny_models
+    from hotfix_lab.infra import tiny_models
     model, batch = tiny_models.whisper(0)
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
     try:

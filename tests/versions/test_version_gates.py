@@ -1,26 +1,23 @@
 """The ranges each fix declares equal the census's evidence (issue 26), from the committed rows.
 
-docs/census/ holds the rows of tools/census/census.py (every transformers minor line from 4.35 to the newest and
+docs/census/ holds the rows of tools/hotfix_lab/census/census.py (every transformers minor line from 4.35 to the newest and
 every unsloth-zoo release since 2024.11.6, without and with hotfix, under torch 2.13.0 and 2.14.1; the
 torch lines 2.4 - 2.15 on one release each, with the compile column); nothing is re-run here.
-tools/census/gates.py says what "equal to the evidence" means; this test fails on any disagreement,
+tools/hotfix_lab/census/gates.py says what "equal to the evidence" means; this test fails on any disagreement,
 and when a release the census should cover has no rows.
 """
 
 from __future__ import annotations
 
 import json
-import sys
 
-from conftest import REPO, TOOLS
-
-sys.path[:0] = [str(TOOLS / "census"), str(TOOLS / "sweep")]
-import boundaries  # noqa: E402
-import cells  # noqa: E402
-import gates  # noqa: E402
-import releases  # noqa: E402
-import render  # noqa: E402
-import sweep_store  # noqa: E402
+from conftest import REPO
+from hotfix_lab.census import boundaries
+from hotfix_lab.census import cells
+from hotfix_lab.census import gates
+from hotfix_lab.census import releases
+from hotfix_lab.census import render
+from hotfix_lab.sweep import sweep_store
 
 STORE = REPO / "docs" / "census"
 
@@ -51,7 +48,7 @@ def test_the_census_covers_every_release_it_should():
     assert [r for r in rows if r["verdict"] == "error"] == []
 
 
-#: the torch lines the census measured (tools/census/census.py --torch): each on one transformers release
+#: the torch lines the census measured (tools/hotfix_lab/census/census.py --torch): each on one transformers release
 #: (releases.TORCH_LINE_RELEASE, or the release of that torch's time), every mechanism cell and the eager
 #: compile column; COMPILE_ONLY: the compile column only; INDUCTOR: lines with the inductor cases too.
 #: Every line has the inductor column too (2026-11-27).
@@ -110,7 +107,7 @@ def test_the_compile_rule_catches_hotfix_breaking_compile():
 
 
 def test_every_cell_broken_with_hotfix_says_why():
-    """A cell that stays broken with hotfix is published with its reason, never bare: tools/census/cells.py's, or
+    """A cell that stays broken with hotfix is published with its reason, never bare: tools/hotfix_lab/census/cells.py's, or
     its mechanism's ``Lost`` declaration there (what ``hotfix status`` says NOT COVERED with)."""
     fixes = gates.builtin_fixes()
     bare = {(r["torch"], r["case"], r["release"], r["function"]) for r in _rows()
@@ -168,7 +165,7 @@ def test_a_broken_release_the_fix_declares_unreached_is_not_a_disagreement():
 
 
 #: torch release -> {a line's last patch release: the cells where its first and last patch release disagree}: the
-#: windows the bisect found (tools/census/census.py --bisect, 2026-11-27).  Every other line agrees on every cell.
+#: windows the bisect found (tools/hotfix_lab/census/census.py --bisect, 2026-11-27).  Every other line agrees on every cell.
 #: A re-measure that finds another window fails here until the window is read and added.
 BISECT_WINDOWS = {torch: {"4.53.3": ["gemma3n_text+cache/full", "gemma3n_text/full"],
                           "5.5.4": ["gemma4+kv_shared/full", "gemma4+kv_shared_cache/full"]}

@@ -1,4 +1,4 @@
-"""The checkpoint_wrapper census (tools/census/wrapper.py, docs/census/wrapper.md) against torch-checkpoint-wrapper's
+"""The checkpoint_wrapper census (tools/hotfix_lab/census/wrapper.py, docs/census/wrapper.md) against torch-checkpoint-wrapper's
 declared range.
 
 Every census transformers release from 4.52.0 was measured under the census torches (2.13.0, 2.14.1), and a few
@@ -12,18 +12,14 @@ re-renders from the rows byte for byte.  The cases themselves run in tests/e2e/t
 from __future__ import annotations
 
 import json
-import sys
 
 import pytest
 from packaging.version import Version
 
-from conftest import TOOLS
 
-sys.path[:0] = [str(TOOLS / "census"), str(TOOLS / "sweep"), str(TOOLS / "lab")]
-
-import releases  # noqa: E402
-import sweep_store  # noqa: E402
-import wrapper  # noqa: E402
+from hotfix_lab.census import releases
+from hotfix_lab.sweep import sweep_store
+from hotfix_lab.census import wrapper
 
 from hotfix.patches.torch_checkpoint_wrapper import patch  # noqa: E402
 

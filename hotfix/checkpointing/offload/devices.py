@@ -6,7 +6,7 @@ allocate host / device buffers; it may also define ``host_buffer_released(buffer
 calls when a lease gives its buffer back (the tests' stream sanitizer models pool reuse with it).
 :class:`CudaDevice` is the real one (pinned memory, ``non_blocking`` copies, one side stream per
 GPU).  The tests and benchmarks drive the offloader with CPU devices of the same interface
-(tools/lab/simulated_device.py, tests/support/stream_sanitizer.py), which do not ship.
+(tools/hotfix_lab/infra/simulated_device.py, tests/support/stream_sanitizer.py), which do not ship.
 """
 
 from __future__ import annotations
