@@ -46,7 +46,7 @@ pipq torch==2.13.0 numpy "wrapt>=1.14" "packaging>=21" pytest pytest-xdist==3.8.
 "$VENV/bin/python" -c "import torch, transformers, wrapt, pytest, importlinter" # fail early if an install failed
 # The lab (tools/hotfix_lab, never in the wheel) on the venv's path through a .pth file: its modules run as
 # python -P -m hotfix_lab...; tests import them, children get tools/ on PYTHONPATH.
-PYTHONPATH=tools "$VENV/bin/python" -P -m hotfix_lab.infra.paths
+PYTHONPATH=tools "$VENV/bin/python" -P -m hotfix_lab.infra.pth
 
 rm -rf dist build
 "$VENV/bin/pip" wheel -q --no-deps --no-build-isolation -w dist . 2>&1 | grep -v "^WARNING: Location" || true

@@ -42,7 +42,7 @@ try:
     from hotfix_lab.infra.rank_results import free_port  # noqa: F401  (tests import free_port from here)
 except ImportError as exc:  # a venv scripts/test.sh did not make: say the one step that is missing
     raise pytest.UsageError(f"the lab (tools/hotfix_lab) is not importable ({exc}): scripts/test.sh puts it on the test "
-                            "venv's path, or once by hand: PYTHONPATH=tools python -P -m hotfix_lab.infra.paths") from exc
+                            "venv's path, or once by hand: PYTHONPATH=tools python -P -m hotfix_lab.infra.pth") from exc
 
 MATRIX = REPO / ".matrix"
 IN_CI = bool(os.environ.get("CI"))
@@ -104,7 +104,7 @@ def matrix_path(name: str, version: str) -> Path:
 
 def run_sweep(tmp_path: Path, version: str, models: str, recipes: str, functions: str = "torch,unsloth",
               dtype: str = "float32") -> List[dict]:
-    """The rows of a fresh ``tools/hotfix_lab/sweep/sweep_models.py`` run on ``models`` (comma list) of one release (no census:
+    """The rows of a fresh ``hotfix_lab.sweep.sweep_models`` run on ``models`` (comma list) of one release (no census:
     these tests read the named models' rows only)."""
     import json
 

@@ -237,14 +237,14 @@ def test_patched_all_gradients_equal(patched, case):
 
 def test_cli_exit_status_and_compare_hotfix():
     """`hotfix check-model MODULE:CALLABLE`: 1 unsafe, 0 safe; --compare-hotfix runs both."""
-    proc = run_python(["-m", "hotfix", "check-model", "tiny_models:layoutlm", "--modes", "reentrant",
+    proc = run_python(["-m", "hotfix", "check-model", "hotfix_lab.infra.tiny_models:layoutlm", "--modes", "reentrant",
                        "--compare-hotfix", "--json"], timeout=300)
     data = json.loads(proc.stdout.strip().splitlines()[-1])
     without, with_fix = data["without hotfix (HOTFIX_DISABLE=1)"], data["with hotfix"]
     assert without["exit_status"] == 1 and not without["safe"], without
     assert with_fix["exit_status"] == 0 and with_fix["safe"], with_fix
     assert proc.returncode == 0
-    text = run_python(["-m", "hotfix", "check-model", "tiny_models:layoutlm", "--modes", "non-reentrant"],
+    text = run_python(["-m", "hotfix", "check-model", "hotfix_lab.infra.tiny_models:layoutlm", "--modes", "non-reentrant"],
                       timeout=300)
     assert text.returncode == 0 and "verdict: SAFE" in text.stdout, text.stdout + text.stderr[-2000:]
     bad = run_python(["-m", "hotfix", "check-model", "no_such_module:build"], timeout=120)

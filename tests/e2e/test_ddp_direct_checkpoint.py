@@ -1,7 +1,7 @@
 """torch-ddp-find-unused: torch's reentrant checkpoint called directly under DDP(find_unused_parameters=True); and
 DDP's advice to turn that flag off (issue 41, parts 2 and 3).
 
-The rank script tools/hotfix_lab/cases/ddp_cases.py never mentions hotfix: launched without hotfix (HOTFIX_DISABLE=1) and with it
+The rank script hotfix_lab.cases.ddp_cases never mentions hotfix: launched without hotfix (HOTFIX_DISABLE=1) and with it
 (the start-up hook), torchrun, gloo, CPU, 127.0.0.1, torch 2.13.0, transformers 4.56.2.  Each ``direct:`` case
 trains with and without checkpointing under the same DDP and compares every trainable parameter's gradient (a
 parameter without gradient equals only one without gradient):
@@ -46,7 +46,7 @@ TIMEOUT_S = 300
 
 
 def launch(folder, cases, ranks, *, disabled=False):
-    """``ranks`` ranks of tools/hotfix_lab/cases/ddp_cases.py (torchrun; one rank: a plain process); ({rank: result}, stderr)."""
+    """``ranks`` ranks of hotfix_lab.cases.ddp_cases (torchrun; one rank: a plain process); ({rank: result}, stderr)."""
     zoo = [matrix_path("unsloth-zoo", ZOO)] if any(case.startswith("unsloth:") for case in cases) else []
     results, proc = launch_ranks(folder, "hotfix_lab.cases.ddp_cases", cases, ranks, disabled=disabled, pythonpath=zoo,
                                  timeout=TIMEOUT_S)

@@ -1,6 +1,6 @@
 """DeepSpeed ZeRO-2 / ZeRO-3 with gradient checkpointing, without and with hotfix (issue 42, part 1: CI's subset).
 
-tools/hotfix_lab/cases/deepspeed_cases.py (never mentions hotfix) runs under torchrun, 2 ranks, gloo on 127.0.0.1, DeepSpeed's CPU
+hotfix_lab.cases.deepspeed_cases (never mentions hotfix) runs under torchrun, 2 ranks, gloo on 127.0.0.1, DeepSpeed's CPU
 accelerator (``DS_ACCELERATOR=cpu``), DeepSpeed 0.19.8 from tests/matrix.txt (its sdist, ``DS_BUILD_OPS=0``: no C++
 op built), torch 2.13.0, transformers 4.56.2.  Each case trains through ``deepspeed.initialize`` twice, the same
 seed: without checkpointing, and with transformers' checkpointing in that mode; every trainable parameter's full
@@ -21,7 +21,7 @@ steps are compared (a parameter without gradient equals only one without).
   ``_set_gradient_checkpointing``), tiny Whisper full and LoRA: upstream the layer's ``(hidden_states,)`` comes back
   bare ("not enough values to unpack"); with hotfix (deepspeed-checkpoint-layer-io, with the keyword and
   frozen-input repairs, which DeepSpeed's function needs as torch's reentrant one does) equal;
-* a tiny Qwen3-MoE with the drift device of tools/hotfix_lab/cases/moe_cases.py (a GPU's drift in the recomputation), its sparse
+* a tiny Qwen3-MoE with the drift device of hotfix_lab.cases.moe_cases (a GPU's drift in the recomputation), its sparse
   block a ZeRO-3 leaf (``set_z3_leaf_modules``, as transformers' DeepSpeed docs ask of a MoE), 4 rows per rank so
   both ranks reach the same experts: upstream reentrant trains with wrong gradients (8 of 69 equal, 2026-11-29),
   non-reentrant "different metadata"; with hotfix (moe-routing-replay) 69/69 and every parameter equal.
@@ -30,17 +30,22 @@ DeepSpeed 0.19.2 (before its own fix of ZeRO-3 + non-reentrant checkpointing wit
 CheckpointError ("Recomputed values ... different metadata": Llama LoRA, Whisper LoRA, and through the Trainer); with
 hotfix (deepspeed-zero3-frozen-recompute) every gradient and parameter equal, as is reentrant checkpointing with
 hotfix (the workaround before the fix).
+
+The upstream launches are recorded (tests/evidence/deepspeed.json, support/evidence.py: keyed by the releases, torch
+and the cases' code; each measured again every few commits, and wherever its key changed).
 """
 
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from importlib.metadata import version as installed
 
 import pytest
 import torch  # its release names DeepSpeed's extensions folder (the children run this venv's torch)
 
-from hotfix_lab.infra import deepspeed_env
 from conftest import launch_ranks, matrix_path, repair_notices
+from hotfix_lab.infra import deepspeed_env
+from support import evidence
 
 DEEPSPEED = "0.19.8"
 BACKWARD_TWICE = "Trying to backward through the graph a second time"
@@ -61,7 +66,7 @@ CASES = {
     # DeepSpeed's own deepspeed.checkpointing.checkpoint as the layers' checkpoint function (issue 42, part 4)
     "zero3:whisper:deepspeed": TUPLE_OF_ONE,
     "zero3:whisper-lora:deepspeed": TUPLE_OF_ONE,
-    # a tiny Qwen3-MoE with tools/hotfix_lab/cases/moe_cases.py's drift device (routers tied, scaled apart by 1e-6 in the
+    # a tiny Qwen3-MoE with hotfix_lab.cases.moe_cases's drift device (routers tied, scaled apart by 1e-6 in the
     # recomputation only: a GPU's drift), its sparse block a ZeRO-3 leaf module (issue 51: moe-routing-replay)
     "zero3:moe:reentrant": WRONG,
     "zero3:moe:nonreentrant": METADATA,
@@ -88,18 +93,47 @@ def torchrun(folder, *, disabled, deepspeed=DEEPSPEED, cases=tuple(CASES)):
     return results, proc.stderr
 
 
+#: what an upstream launch is made of (support/evidence.py adds the lab's infrastructure and the comparison rule)
+GUARDS = ("tools/hotfix_lab/cases/deepspeed_cases.py", "tools/hotfix_lab/cases/ddp_cases.py",
+          "tools/hotfix_lab/cases/moe_cases.py", "tests/e2e/test_deepspeed.py")
+KNOWN_ERRORS = (BACKWARD_TWICE, NO_GRAD_FN, TUPLE_OF_ONE, METADATA, FROZEN_PARAMETER_ERROR)
+
+
+def _facts(launch):
+    """What a re-measured upstream launch must agree on: per rank, what ran, and each case's verdict and the known
+    error it raised; the repair notices (none)."""
+    results, notices = launch
+    return {"notices": notices, "ranks": {rank: {
+        "ran": [result["hotfix_loaded"], result["deepspeed"], result["world"]],
+        "cases": {case: [found.get("ok"), found.get("equal"), found.get("params_equal"), bool(found.get("wrong")),
+                         [error for error in KNOWN_ERRORS if error in found.get("error", "")]]
+                  for case, found in sorted(result["cases"].items())}} for rank, result in sorted(results.items())}}
+
+
+def upstream_launch(folder, deepspeed, cases):
+    """An upstream launch (HOTFIX_DISABLE=1): recorded (tests/support/evidence.py), its stderr kept as its repair
+    notices, what the tests read of it."""
+    def measure():
+        results, stderr = torchrun(folder, disabled=True, deepspeed=deepspeed, cases=cases)
+        return results, "\n".join(repair_notices(stderr))
+
+    parts = {"deepspeed": deepspeed, "torch": installed("torch"), "transformers": installed("transformers"),
+             "cases": list(cases)}
+    return evidence.upstream("deepspeed", deepspeed, parts, GUARDS, measure, _facts)
+
+
 @pytest.fixture(scope="module")
 def launches(tmp_path_factory):
     folder = tmp_path_factory.mktemp("deepspeed")
     with ThreadPoolExecutor(2) as pool:
         # upstream: the failing cases, and one that trains equal (CI's time: the rest is equal both ways, measured)
-        upstream = pool.submit(torchrun, folder / "upstream", disabled=True,
-                               cases=tuple(c for c, failure in CASES.items() if failure) + ("zero3:lora:nonreentrant",))
+        upstream = pool.submit(upstream_launch, folder / "upstream", DEEPSPEED,
+                               tuple(c for c, failure in CASES.items() if failure) + ("zero3:lora:nonreentrant",))
         fixed = pool.submit(torchrun, folder / "hotfix", disabled=False)
         before = pool.submit(torchrun, folder / "before-fix", disabled=False, deepspeed=BEFORE_FIX,
                              cases=tuple(CASES_BEFORE_FIX))
-        before_upstream = pool.submit(torchrun, folder / "before-fix-upstream", disabled=True, deepspeed=BEFORE_FIX,
-                                      cases=tuple(c for c, failure in CASES_BEFORE_FIX.items() if failure))
+        before_upstream = pool.submit(upstream_launch, folder / "before-fix-upstream", BEFORE_FIX,
+                                      tuple(c for c, failure in CASES_BEFORE_FIX.items() if failure))
         return {"upstream": upstream.result(), "hotfix": fixed.result(), "before-fix": before.result(),
                 "before-fix-upstream": before_upstream.result()}
 

@@ -95,7 +95,7 @@ import json, pickle, sys
 import torch
 with open(sys.argv[1], "rb") as handle:
     model = pickle.load(handle)
-print(json.dumps({"loaded": type(model).__name__, "hotfix_modules": sorted(m for m in sys.modules if m.startswith("hotfix"))}))
+print(json.dumps({"loaded": type(model).__name__, "hotfix_modules": sorted(m for m in sys.modules if m.startswith("hotfix") and not m.startswith("hotfix_lab"))}))
 '''
 
 

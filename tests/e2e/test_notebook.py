@@ -44,7 +44,7 @@ def step():
         return compare.short_error(exc)
     return compare.compare_grads(reference, grads()).ok
 """,
-    "print(json.dumps({{'before': step(), 'hotfix_modules': sorted(m for m in sys.modules if m.startswith('hotfix'))}}))",
+    "print(json.dumps({{'before': step(), 'hotfix_modules': sorted(m for m in sys.modules if m.startswith('hotfix') and not m.startswith('hotfix_lab'))}}))",
     """
 %pip install -q --no-deps --no-index --target {site} {wheel}
 %env HOTFIX_DISABLE=0

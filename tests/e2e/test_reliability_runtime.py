@@ -7,8 +7,6 @@ Environment values, hostile plugins and a broken boot are tests/e2e/test_reliabi
 
 from __future__ import annotations
 
-
-
 from conftest import CRASH, hotfix_lines, json_lines, plugin_dir, run_child, run_python
 
 KEYWORD_PATCH = "transformers-checkpoint-layer-io"

@@ -1,6 +1,6 @@
 """torch-checkpoint-wrapper: transformers layers checkpointed by torch's ``checkpoint_wrapper`` (FSDP recipes).
 
-The rank script tools/hotfix_lab/cases/wrapper_cases.py never mentions hotfix: launched without hotfix (HOTFIX_DISABLE=1) and
+The rank script hotfix_lab.cases.wrapper_cases never mentions hotfix: launched without hotfix (HOTFIX_DISABLE=1) and
 with it (the start-up hook), side by side, torch 2.13.0, transformers 4.56.2, CPU, gloo on 127.0.0.1.  Each case
 trains one step with every ``GradientCheckpointingLayer`` wrapped by ``apply_activation_checkpointing`` (both
 ``CheckpointImpl``s, ``use_cache`` left at the config's default) and compares every trainable gradient with the

@@ -9,7 +9,7 @@ call ends in (``CheckpointFunction.apply``): the first call of either activates 
 
 Each case a fresh interpreter of the test venv, hotfix installed, upstream with ``HOTFIX_DISABLE=1``: two blocks
 with dropout under ``checkpoint(..., preserve_rng_state=False)``, non-reentrant and reentrant, against the step
-without checkpointing (upstream wrong, with hotfix equal and one "repaired" line); tools/hotfix_lab/cases/compile_graph_order.py
+without checkpointing (upstream wrong, with hotfix equal and one "repaired" line); hotfix_lab.cases.compile_graph_order
 (the recomputation runs the graph compiled last upstream, its forward's with hotfix); and the watches themselves
 (torch's own generator and ``apply`` back once hotfix is active; a plain step activates nothing).
 """

@@ -1,4 +1,4 @@
-"""tools/hotfix_lab/census/add_release.py: the one command that takes a new release into every census (issue 41, part 4).
+"""hotfix_lab.census.add_release: the one command that takes a new release into every census (issue 41, part 4).
 
 Against the committed rows and PyPI's cached dates (no network: ``--no-refresh``): it finds nothing to measure, which
 is what the census tests assert row by row; it would measure a release whose rows are missing, in every census that

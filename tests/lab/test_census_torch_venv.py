@@ -1,4 +1,4 @@
-"""A side torch venv (tools/hotfix_lab/census/census.py torch_venv) on a machine without the disk for it: nothing installed,
+"""A side torch venv (hotfix_lab.census.census torch_venv) on a machine without the disk for it: nothing installed,
 one line saying why, and the tests that need it skip with that line instead of failing (CI included)."""
 
 from __future__ import annotations
@@ -58,4 +58,4 @@ def test_a_later_install_with_the_disk_clears_the_reason(small_disk, monkeypatch
     census.torch_venv("2.7.1", wheel="hotfix.whl")
     assert not (small_disk / "torch-2.7.1.no-disk").exists()
     assert len(calls) == 2 and calls[0][-1] == "hotfix.whl", calls
-    assert calls[1][1:] == ["-P", "-m", "hotfix_lab.infra.paths"], calls  # the lab on that venv's path
+    assert calls[1][1:] == ["-P", "-m", "hotfix_lab.infra.pth"], calls  # the lab on that venv's path

@@ -214,7 +214,7 @@ def test_report_judges_the_ddp_and_non_reentrant_cases(tmp_path):
 
 
 def test_report_judges_the_moe_cases(tmp_path):
-    """tools/hotfix_lab/cases/moe_cases.py's rows in bf16 (scripts/gpu/run's extras): hotfix not equal is a problem; the drift
+    """hotfix_lab.cases.moe_cases's rows in bf16 (scripts/gpu/run's extras): hotfix not equal is a problem; the drift
     device flipping nothing upstream is one too (the case proved nothing); without drift upstream may be equal."""
     folder = tmp_path / "moe"
     folder.mkdir()

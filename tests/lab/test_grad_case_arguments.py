@@ -1,4 +1,4 @@
-"""tools/hotfix_lab/cases/grad_case.py's case names: ``CASE@default`` is the only suffix; any other is refused, not measured in
+"""hotfix_lab.cases.grad_case's case names: ``CASE@default`` is the only suffix; any other is refused, not measured in
 the child's own mode under a name that says otherwise (noticed 2026-11-30: ``whisper@defualt`` ran reentrant)."""
 
 from __future__ import annotations

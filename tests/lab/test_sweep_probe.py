@@ -1,6 +1,6 @@
 """The sweep's builder reaches the families the generic small config did not fit (issue 11).
 
-tools/hotfix_lab/sweep/sweep_probe.py builds each model type (generic shrink + tools/hotfix_lab/sweep/sweep_families) and runs one
+hotfix_lab.sweep.sweep_probe builds each model type (generic shrink + tools/hotfix_lab/sweep/sweep_families) and runs one
 forward + backward without checkpointing.  Before the family modules, every type below failed
 to build or run on the releases listed (patch grids, tiles and aspect ratios, MLA head sizes,
 Mamba mixers, hierarchical stages, audio front ends, see docs/sweep.md); measured 2026-11-23 over

@@ -1,4 +1,4 @@
-"""One rule for a float32 difference of rounding size (tools/hotfix_lab/sweep/sweep_rounding.py), used by the sweep and the
+"""One rule for a float32 difference of rounding size (hotfix_lab.sweep.sweep_rounding), used by the sweep and the
 census: which rows are measured again in float64, and what the float64 row settles."""
 
 from __future__ import annotations

@@ -6,7 +6,6 @@ tooling and quoted in the README, so what counts as "checked" is pinned here.
 
 from __future__ import annotations
 
-
 from hotfix_lab.sweep import sweep_families
 from hotfix_lab.sweep.sweep_report import compact_results, coverage, load_results, mark_upstream_crashes, render
 

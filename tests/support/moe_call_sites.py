@@ -4,7 +4,7 @@
                                            ddp | fsdp2
 
 unsloth: unsloth-zoo's ``UnslothCheckpointFunction.apply`` (the release on PYTHONPATH, loaded on CPU by
-tools/hotfix_lab/infra/zoo_loader.py); deepspeed: ``deepspeed.checkpointing.checkpoint`` (one gloo rank, its CPU accelerator);
+hotfix_lab.infra.zoo_loader); deepspeed: ``deepspeed.checkpointing.checkpoint`` (one gloo rank, its CPU accelerator);
 wrapper-*: torch's ``checkpoint_wrapper`` around each block (the fix reads a block's classes when it is wrapped);
 ddp / fsdp2: the model under DistributedDataParallel / fully_shard on one gloo rank, torch's non-reentrant checkpoint.
 HOTFIX_DISABLE=1: upstream.  With hotfix, the other sites: the fix reads the model's classes (``route``: what

@@ -347,7 +347,7 @@ def test_blocks_in_a_tuple_inside_the_checkpointed_closure(one_rank):
 
 def test_the_slot_stands_in_the_composed_call_only_inside_a_ddp_forward(monkeypatch):
     """Outside one (no DDP, eval) the slot stays out of the composed call: its check would find no DDP at every call
-    (issue 52: tools/hotfix_lab/bench/wrapper_cost.py).  The state is asked at every read (a C call, no Python frame) and the
+    (issue 52: hotfix_lab.bench.wrapper_cost).  The state is asked at every read (a C call, no Python frame) and the
     composition follows it; inside a DDP forward that does not search (static_graph, no_sync) the wrapper itself
     hands the call on unchanged (test_outside_a_searching_ddp_the_call_is_unchanged)."""
     import types

@@ -5,7 +5,7 @@
   the fixes nor the registry; the core imports no fix, engine, diagnostics or CLI; no circle between siblings;
   and over the lab (tools/hotfix_lab): the product never imports it, its layers hold, no circle in it.
   A planted violation breaks them (the contracts are not vacuous).
-* tools/hotfix_lab/import_cycles.py over the source tree (hotfix/, patches/, tools/, tests/): no circle, module or package.
+* hotfix_lab.import_cycles over the source tree (hotfix/, patches/, tools/, tests/): no circle, module or package.
 * tools/ and tests/ import no private module of the product; the product imports neither tools/ nor tests/.
 """
 

@@ -1,7 +1,7 @@
 """moe-routing-replay in-process: a recomputation routes every token to the experts its forward chose.
 
 A plain-torch mixture of experts (tests/support/moe_block.py: the experts that were hit run, as in transformers 4.x)
-with the drift device of tools/hotfix_lab/cases/moe_cases.py (router rows tied in groups of ``top_k + 1``, scaled by 1 +- 1e-6
+with the drift device of hotfix_lab.cases.moe_cases (router rows tied in groups of ``top_k + 1``, scaled by 1 +- 1e-6
 during a recomputation only): upstream, reentrant checkpointing trains with wrong gradients and non-reentrant fails
 with a CheckpointError; with the fix's routing, both equal to the step without checkpointing.  Also the engine's
 pieces: regions (forward / recomputation, nesting, a second recomputation), ``Replay.topk`` outside regions, the

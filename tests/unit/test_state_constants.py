@@ -7,7 +7,6 @@ import ast
 import importlib.util
 from pathlib import Path
 
-
 from hotfix.startup.hook import BOOT as boot
 
 

@@ -1,6 +1,6 @@
 """torch-compile-recompute-graph in-process: a compiled function in two non-reentrant checkpointed calls.
 
-Which graph each run runs (tools/hotfix_lab/cases/compile_graph_order.py: a backend numbering its graphs): upstream the first
+Which graph each run runs (hotfix_lab.cases.compile_graph_order: a backend numbering its graphs): upstream the first
 call's recomputation runs the second call's graph, with the fix its forward's.  And what that does: a function
 compiled with inductor (CPU) is called with 37 and then 100 rows, a static graph then a dynamic one.  The two
 compute its per-column variance apart in the last bits for some columns (measured first, in the test); the function

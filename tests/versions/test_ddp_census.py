@@ -1,4 +1,4 @@
-"""The DDP census (tools/hotfix_lab/census/ddp.py, docs/census/ddp.md) against transformers-ddp-find-unused's declared range,
+"""The DDP census (hotfix_lab.census.ddp, docs/census/ddp.md) against transformers-ddp-find-unused's declared range,
 and its direct cases against torch-ddp-find-unused's.
 
 Every census transformers release was measured under torch 2.13.0 and 2.14.1: one DDP rank with
@@ -19,13 +19,12 @@ import json
 
 import pytest
 
-
 from hotfix_lab.census import ddp
 from hotfix_lab.census import releases
 from hotfix_lab.sweep import sweep_store
 
-from hotfix.patches.torch_ddp_find_unused import patch as direct_patch  # noqa: E402
-from hotfix.patches.transformers_ddp_find_unused import patch  # noqa: E402
+from hotfix.patches.torch_ddp_find_unused import patch as direct_patch
+from hotfix.patches.transformers_ddp_find_unused import patch
 
 TORCH = "2.13.0"  # the synthetic rows' torch
 

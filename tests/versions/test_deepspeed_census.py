@@ -1,4 +1,4 @@
-"""The DeepSpeed census (tools/hotfix_lab/census/deepspeed_census.py, docs/census/deepspeed.md) against deepspeed-zero3-frozen-recompute's
+"""The DeepSpeed census (hotfix_lab.census.deepspeed_census, docs/census/deepspeed.md) against deepspeed-zero3-frozen-recompute's
 declared range.
 
 Every census DeepSpeed release (the last of each line before 0.12, the first and the last of each line from 0.12,
@@ -22,7 +22,7 @@ from hotfix_lab.sweep import sweep_store
 
 from hotfix_lab.census import deepspeed_census as census
 
-from hotfix.patches.deepspeed_zero3_frozen_recompute import patch  # noqa: E402
+from hotfix.patches.deepspeed_zero3_frozen_recompute import patch
 
 
 def _rows():

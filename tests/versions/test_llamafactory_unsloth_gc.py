@@ -1,6 +1,6 @@
 """patches/llamafactory_unsloth_gc.py on a real LlamaFactory release, on CPU.
 
-tools/hotfix_lab/cases/fork_cases.py in a fresh interpreter: the release's real ``model_utils/checkpointing.py`` loaded by
+hotfix_lab.cases.fork_cases in a fresh interpreter: the release's real ``model_utils/checkpointing.py`` loaded by
 fork_loader (its package stubbed), checkpointing turned on as LlamaFactory's ``prepare_model_for_training``
 does, one step without checkpointing and one with, every gradient compared (1e-6).  0.9.5 (latest) with
 transformers 4.56.2 (the test venv's; its pins allow it): each defect reproduces upstream (HOTFIX_DISABLE=1),

@@ -6,7 +6,7 @@ recomputation only) checkpointed through each site (tests/support/moe_call_sites
 one with it: upstream wrong gradients or a CheckpointError, with hotfix every gradient equal to the step without
 checkpointing (1e-4).  unsloth-zoo 2025.11.3 loaded on CPU; DeepSpeed 0.19.8, one gloo rank; DDP and FSDP2 with
 torch's non-reentrant checkpoint (fully_shard: torch >= 2.6).  And unsloth-zoo's fused MoE router (2026.10.9, on
-transformers 5.24.0's models through tools/hotfix_lab/cases/zoo_moe.py, its Triton kernel a CPU stand-in) and its own Qwen3-MoE
+transformers 5.24.0's models through hotfix_lab.cases.zoo_moe, its Triton kernel a CPU stand-in) and its own Qwen3-MoE
 block forward.
 """
 

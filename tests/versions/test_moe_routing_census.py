@@ -1,7 +1,7 @@
-"""moe-routing-replay across transformers 4.56.2 and 5.24.0: the MoE routing census (tools/hotfix_lab/census/moe_routing.py).
+"""moe-routing-replay across transformers 4.56.2 and 5.24.0: the MoE routing census (hotfix_lab.census.moe_routing).
 
 Every MoE model type each line's modeling code has (a causal LM calling ``topk``, a config counting experts), built
-tiny, its routers tied and drifted during the recomputation only (tools/hotfix_lab/cases/moe_cases.py: the last-bit drift a GPU
+tiny, its routers tied and drifted during the recomputation only (hotfix_lab.cases.moe_cases: the last-bit drift a GPU
 makes), one step with reentrant and with non-reentrant checkpointing against the same step without, in a child
 without hotfix and one with it; LoRA on the router; no drift (bit-identical with and without hotfix).  The census
 exits 1 where a measured cell is not equal with hotfix, a drift cell that flipped a token upstream is equal there,

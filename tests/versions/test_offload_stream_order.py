@@ -17,6 +17,12 @@ to no checkpointing (hotfix.diagnostics.compare, rtol 1e-6) in each of 200
 schedules per case; and every mutant of the offloader (one wait removed, or the
 lease released before the copy back is queued: tests/support/offloader_mutants.py,
 built from the installed offloader's source) is caught in at least one case.
+
+Sizes (tests/support/statistical_size.py): 200 schedules per case where the offloader, the offload fix, the
+sanitizer or the case changed since the last full run (or ``HOTFIX_FULL_SIZE=1``), else 50: the code it guards
+passed 200 as it is, and 50 still exercise every kind of schedule the assertions below require (copies run when
+forced and early, long waits, pool and staging replacement, a dropped graph's leases).  The mutants' schedules
+(at most 5 per case, until caught) are the same at either size: each missing edge is caught either way.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import torch
 
 from conftest import TESTS, json_lines, matrix_path, matrix_versions, run_python
 from support.offloader_mutants import UNCHANGED, mutants, wait_sites
+from support.statistical_size import record_full_run, size_of
 from support.stream_sanitizer import StreamSanitizer
 
 #: releases where hotfix replaces UnslothCheckpointFunction's forward/backward (its offloader runs there)
@@ -36,15 +43,20 @@ PATCHED = ("2025.11.3", "2025.11.5", "2026.8.9")
 #: there is no offload of hotfix's to order (and upstream's own stream code is not what this proves)
 NOT_APPLICABLE = {"2026.10.9": "unsloth-zoo 2026.10.9 is outside the offload patch's range (>=2025.1.1,<2026.8.11): "
                                "upstream's own forward/backward run, and they use CUDA streams directly"}
-SCHEDULES = 200
+FULL_SCHEDULES, CI_SCHEDULES = 200, 50
+#: the code whose change calls for the full size
+GUARDS = ("hotfix/checkpointing/offload/*.py", "patches/unsloth_zoo_offload_backward.py",
+          "tests/support/stream_sanitizer.py", "tests/support/offload_stream_cases.py",
+          "tests/support/offloader_mutants.py", "tools/hotfix_lab/infra/zoo_loader.py")
+TEST = "versions/test_offload_stream_order.py"
 MUTANT_SCHEDULES = 5  # per case, at most, until caught
 CASES = ("whisper-lora-two-devices", "whisper-full")
 MUTANTS = [m for m in mutants() if m.name != UNCHANGED]
 
 
-def _run(version: str) -> dict:
+def _run(version: str, schedules: int) -> dict:
     """{"header": ..., case name: result, ("mutant", id): result} of one release's child."""
-    args = [str(TESTS / "support" / "offload_stream_cases.py"), str(SCHEDULES), "--mutants", str(MUTANT_SCHEDULES)]
+    args = [str(TESTS / "support" / "offload_stream_cases.py"), str(schedules), "--mutants", str(MUTANT_SCHEDULES)]
     if version in NOT_APPLICABLE:
         args = args[:2]
     proc = run_python(args, pythonpath=[matrix_path("unsloth-zoo", version)], timeout=600)
@@ -56,11 +68,21 @@ def _run(version: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def release():
+def size():
+    chosen = size_of(TEST, CI_SCHEDULES, FULL_SCHEDULES, GUARDS)
+    print(f"{chosen.trials} schedules per case: {chosen.why}")
+    passed = set()
+    yield chosen, passed
+    if chosen.full and passed == set(PATCHED):  # every release clean at the full size: CI's size until they change
+        record_full_run(TEST, GUARDS)
+
+
+@pytest.fixture(scope="module")
+def release(size):
     """The children of every release run side by side (one core each, 2 cores in CI); tests wait on theirs."""
     versions = list(PATCHED) + list(NOT_APPLICABLE)
     pool = ThreadPoolExecutor(len(versions))
-    futures = {version: pool.submit(_run, version) for version in versions}
+    futures = {version: pool.submit(_run, version, size[0].trials) for version in versions}
     yield lambda version: futures[version].result()
     pool.shutdown(wait=True, cancel_futures=True)
 
@@ -70,15 +92,16 @@ def test_matrix_lists_the_releases():
 
 
 @pytest.mark.parametrize("version", PATCHED)
-def test_no_race_and_exact_gradients_under_adversarial_schedules(release, version):
+def test_no_race_and_exact_gradients_under_adversarial_schedules(release, size, version):
+    (schedules, _, _), passed = size
     results = release(version)
     header = results["header"]
     assert header["version"] == version and header["offload_patch_applied"], header
     assert header["forward_module"] == "hotfix.patches.unsloth_zoo_offload_backward", header
     for name in CASES:
         case = results[name]
-        assert case["schedules"] == SCHEDULES, case
-        assert case["clean"] == SCHEDULES, f"{case['failed']} schedules failed, e.g. {case['failures'][:2]}"
+        assert case["schedules"] == schedules, case
+        assert case["clean"] == schedules, f"{case['failed']} schedules failed, e.g. {case['failures'][:2]}"
         stats = case["stats"]
         # the schedules were adversarial: some ran copies only when forced, others early, some waited long
         assert len(case["eagerness"]) >= 5, case["eagerness"]
@@ -95,6 +118,7 @@ def test_no_race_and_exact_gradients_under_adversarial_schedules(release, versio
         assert sides == ({"side:0", "side:1"} if case["two_devices"] else {"side:0"}), stats
         for side in sides:
             assert stats[f"copies to_host on {side}"][0] > 0 and stats[f"copies to_device on {side}"][0] > 0, stats
+    passed.add(version)
 
 
 @pytest.mark.parametrize("version", list(NOT_APPLICABLE))

@@ -22,7 +22,7 @@ RECIPES = ("full", "lora", "lora-input-grads", "frozen-tower")
 UNPATCHED = {  # model type -> recipe -> result without hotfix
     "bert": {"full": "pass", "lora": "FAIL", "lora-input-grads": "pass", "frozen-tower": "n/a"},
     "deberta-v2": {"full": "pass", "lora": "FAIL", "lora-input-grads": "pass", "frozen-tower": "n/a"},
-    # the variant the default config skips (tools/hotfix_lab/sweep/sweep_families/config_variants.py): rel_embeddings= by keyword
+    # the variant the default config skips (hotfix_lab.sweep.sweep_families.config_variants): rel_embeddings= by keyword
     "deberta-v2+layer_norm": {"full": "FAIL", "lora": "FAIL", "lora-input-grads": "pass", "frozen-tower": "n/a"},
     "layoutlm": {"full": "FAIL", "lora": "FAIL", "lora-input-grads": "FAIL", "frozen-tower": "n/a"},
     "whisper": {"full": "FAIL", "lora": "FAIL", "lora-input-grads": "FAIL", "frozen-tower": "pass"},

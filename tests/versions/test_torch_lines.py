@@ -10,7 +10,7 @@ Two crashes with hotfix active where upstream trains, both in the checkpoint slo
   ``__get__``; it took the slot object itself for the function, and its guard (which reads the
   instance ``__dict__``) then failed on the frame it was compiled for.
 
-Here tools/hotfix_lab/cases/compile_case.py runs a tiny Whisper and a tiny Llama under ``torch.compile(backend="eager")``
+Here hotfix_lab.cases.compile_case runs a tiny Whisper and a tiny Llama under ``torch.compile(backend="eager")``
 in the side venvs scripts/test.sh installs (.matrix/torch-<version>, hotfix from the same wheel,
 transformers 4.56.2 and unsloth-zoo 2026.10.9 from .matrix/), without and with hotfix: both train,
 every gradient equal to an uncompiled step without checkpointing, and dynamo compiles the same
@@ -78,7 +78,7 @@ def test_compiled_model_beside_another_checkpointing_model_trains_with_equal_gra
 
 @pytest.mark.parametrize("torch", TORCH_LINES)
 def test_a_compiled_functions_recomputation_runs_its_forwards_graph_from_torch_2_10(torch):
-    """torch-compile-recompute-graph on the side lines (tools/hotfix_lab/cases/compile_graph_order.py: a backend numbering its
+    """torch-compile-recompute-graph on the side lines (hotfix_lab.cases.compile_graph_order: a backend numbering its
     graphs, two non-reentrant checkpointed calls with 3 and 5 rows).  Every line has the mechanism; from 2.10 the fix
     applies (Dynamo's switch) and the first call's recomputation runs its forward's graph; before it the fix is not
     applied (declared not reached: `hotfix status` says NOT COVERED) and the recomputation runs the graph compiled

@@ -5,6 +5,9 @@ HOTFIX_DISABLE=1 (upstream behaviour: the failure must reproduce, or the test
 proves nothing) and with hotfix active through the installed .pth.  "equal"
 means every parameter gradient of the reentrant-checkpointed step matches a
 step without checkpointing within 1e-6 relative (hotfix.diagnostics.compare).
+The upstream half of a 4.x line is recorded (tests/evidence/, support/evidence.py:
+keyed by the release, torch and the case's code; a quarter of the cells measured
+again at each commit, and every one where the key changed).
 """
 
 from __future__ import annotations
@@ -12,11 +15,13 @@ from __future__ import annotations
 import functools
 import textwrap
 from concurrent.futures import ThreadPoolExecutor
+from importlib.metadata import version as installed
 
 import pytest
 from packaging.version import Version
 
-from conftest import json_lines, matrix_path, matrix_versions, repair_notices, run_python
+from conftest import CRASH, json_lines, matrix_path, matrix_versions, repair_notices, run_python
+from support import evidence
 
 CASES = [
     "whisper",
@@ -86,12 +91,33 @@ def _run_cases(version, disabled):
     return results
 
 
+#: what an upstream half is made of (support/evidence.py adds the lab's infrastructure and the comparison rule)
+GUARDS = ("tools/hotfix_lab/cases/grad_case.py", "tests/versions/test_transformers_checkpoint_layer_io.py")
+
+
+def _facts(results):
+    """What a re-measured upstream half must agree on: each case's verdict, and whether it crashed with the seed's
+    error (what the tests read of a 4.x line)."""
+    return {case: [result["status"], CRASH in result.get("error", "")] for case, result in sorted(results.items())}
+
+
+def _upstream(version):
+    """Upstream's half of a release: recorded (tests/support/evidence.py) on the 4.x lines, whose tests read its
+    verdicts only; measured on 5.x, whose Whisper test compares its loss with the hotfix child's."""
+    if _line(version) == "5.x":
+        return _run_cases(version, True)
+    parts = {"transformers": version, "torch": installed("torch"), "cases": _cases(version)}
+    return evidence.upstream("transformers-checkpoint-layer-io", version, parts, GUARDS,
+                             lambda: _run_cases(version, True), _facts)
+
+
 @functools.lru_cache(maxsize=None)
 def _both(version):
-    """(upstream, with hotfix): the two children of one release, run at once; once per release for every test of
-    this file (pytest-xdist's loadfile keeps a file's tests in one worker)."""
+    """(upstream, with hotfix): the two halves of one release (the children at once); once per release for every
+    test of this file (pytest-xdist's loadfile keeps a file's tests in one worker)."""
     with ThreadPoolExecutor(2) as pool:
-        return tuple(pool.map(lambda disabled: _run_cases(version, disabled), (True, False)))
+        upstream, fixed = pool.submit(_upstream, version), pool.submit(_run_cases, version, False)
+        return upstream.result(), fixed.result()
 
 
 def _outcome(result):

@@ -1,6 +1,6 @@
 """unsloth-zoo-pinned-memory: unsloth's offload set-up where pinned host memory is refused (issue 50).
 
-``initialize_unsloth_gradient_checkpointing`` of the real releases (loaded on CPU by tools/hotfix_lab/infra/zoo_loader.py), called
+``initialize_unsloth_gradient_checkpointing`` of the real releases (loaded on CPU by hotfix_lab.infra.zoo_loader), called
 as unsloth calls it.  A CPU-only torch refuses every pinned allocation ("pin_memory=True requires a CUDA or other
 accelerator backend"), which is what a system short of page-locked memory does to cudaHostAlloc (WSL2: "CUDA error:
 out of memory", unslothai/unsloth-zoo#1257): upstream the set-up raises; with hotfix it finishes, its 200 host

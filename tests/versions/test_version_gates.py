@@ -1,6 +1,6 @@
 """The ranges each fix declares equal the census's evidence (issue 26), from the committed rows.
 
-docs/census/ holds the rows of tools/hotfix_lab/census/census.py (every transformers minor line from 4.35 to the newest and
+docs/census/ holds the rows of hotfix_lab.census.census (every transformers minor line from 4.35 to the newest and
 every unsloth-zoo release since 2024.11.6, without and with hotfix, under torch 2.13.0 and 2.14.1; the
 torch lines 2.4 - 2.15 on one release each, with the compile column); nothing is re-run here.
 tools/hotfix_lab/census/gates.py says what "equal to the evidence" means; this test fails on any disagreement,
@@ -107,7 +107,7 @@ def test_the_compile_rule_catches_hotfix_breaking_compile():
 
 
 def test_every_cell_broken_with_hotfix_says_why():
-    """A cell that stays broken with hotfix is published with its reason, never bare: tools/hotfix_lab/census/cells.py's, or
+    """A cell that stays broken with hotfix is published with its reason, never bare: hotfix_lab.census.cells's, or
     its mechanism's ``Lost`` declaration there (what ``hotfix status`` says NOT COVERED with)."""
     fixes = gates.builtin_fixes()
     bare = {(r["torch"], r["case"], r["release"], r["function"]) for r in _rows()
@@ -165,7 +165,7 @@ def test_a_broken_release_the_fix_declares_unreached_is_not_a_disagreement():
 
 
 #: torch release -> {a line's last patch release: the cells where its first and last patch release disagree}: the
-#: windows the bisect found (tools/hotfix_lab/census/census.py --bisect, 2026-11-27).  Every other line agrees on every cell.
+#: windows the bisect found (hotfix_lab.census.census --bisect, 2026-11-27).  Every other line agrees on every cell.
 #: A re-measure that finds another window fails here until the window is read and added.
 BISECT_WINDOWS = {torch: {"4.53.3": ["gemma3n_text+cache/full", "gemma3n_text/full"],
                           "5.5.4": ["gemma4+kv_shared/full", "gemma4+kv_shared_cache/full"]}

@@ -1,4 +1,4 @@
-"""The checkpoint_wrapper census (tools/hotfix_lab/census/wrapper.py, docs/census/wrapper.md) against torch-checkpoint-wrapper's
+"""The checkpoint_wrapper census (hotfix_lab.census.wrapper, docs/census/wrapper.md) against torch-checkpoint-wrapper's
 declared range.
 
 Every census transformers release from 4.52.0 was measured under the census torches (2.13.0, 2.14.1), and a few
@@ -16,12 +16,11 @@ import json
 import pytest
 from packaging.version import Version
 
-
 from hotfix_lab.census import releases
 from hotfix_lab.sweep import sweep_store
 from hotfix_lab.census import wrapper
 
-from hotfix.patches.torch_checkpoint_wrapper import patch  # noqa: E402
+from hotfix.patches.torch_checkpoint_wrapper import patch
 
 
 def _rows():

@@ -4,7 +4,7 @@
     .venv-test/bin/python -P -m hotfix_lab.bench.deepspeed_memory [--layers 4] [--width 256] [--out FILE.json]
 
 DeepSpeed ZeRO-3, 2 gloo ranks on 127.0.0.1 (DeepSpeed's CPU accelerator), a Llama-style model
-(tools/hotfix_lab/cases/ddp_cases.py's, at ``--width`` / ``--layers``) with PEFT LoRA (r 4) on q_proj/v_proj: every other
+(hotfix_lab.cases.ddp_cases's, at ``--width`` / ``--layers``) with PEFT LoRA (r 4) on q_proj/v_proj: every other
 parameter frozen, every parameter partitioned (``stage3_param_persistence_threshold`` 0, as a model's large
 weights are) and released after use (``stage3_max_reuse_distance`` and ``stage3_prefetch_bucket_size`` 0: ZeRO-3
 would otherwise keep these small weights gathered, as it does a large model's within its reuse distance).  Two training steps; in each backward, after every module event of ZeRO-3's coordinator (a

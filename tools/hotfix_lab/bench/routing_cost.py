@@ -3,7 +3,7 @@
 
     .venv-test/bin/python -P -m hotfix_lab.bench.routing_cost [--rounds 7] [--steps 5] [--tokens 256]
 
-A tiny Qwen3-MoE of the test venv's transformers (tools/hotfix_lab/cases/moe_cases.py, no drift: the replay changes nothing,
+A tiny Qwen3-MoE of the test venv's transformers (hotfix_lab.cases.moe_cases, no drift: the replay changes nothing,
 only its cost shows), reentrant and non-reentrant checkpointing through transformers' enabler.  Per mode, in one
 process and interleaved round by round: a training step (forward + backward, median of ``--steps``) with hotfix as
 installed, and the same after ``hotfix.revert()`` (upstream), as a ratio; the bytes the recorded routing holds per

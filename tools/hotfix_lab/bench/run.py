@@ -45,10 +45,10 @@ import sys
 import time
 
 from hotfix_lab.infra.paths import REPO
-from hotfix_lab.bench.bench_common import BENCH, bench_venvs, fmt, load, machine  # noqa: E402
-from hotfix_lab.bench.startup_bench import bench_activation, bench_startup, bench_startup_path  # noqa: E402
-from hotfix_lab.bench.training_bench import bench_memory, bench_whisper, bench_wrapper  # noqa: E402
-from hotfix_lab.bench.unsloth_bench import bench_unsloth  # noqa: E402
+from hotfix_lab.bench.bench_common import BENCH, bench_venvs, fmt, load, machine
+from hotfix_lab.bench.startup_bench import bench_activation, bench_startup, bench_startup_path
+from hotfix_lab.bench.training_bench import bench_memory, bench_whisper, bench_wrapper
+from hotfix_lab.bench.unsloth_bench import bench_unsloth
 
 
 # ---------------------------------------------------------------------------- main

@@ -1,4 +1,4 @@
-"""Benchmark 6: unsloth-zoo's offload path on CPU (tools/hotfix_lab/infra/zoo_loader.py), upstream vs hotfix per release."""
+"""Benchmark 6: unsloth-zoo's offload path on CPU (hotfix_lab.infra.zoo_loader), upstream vs hotfix per release."""
 
 from __future__ import annotations
 

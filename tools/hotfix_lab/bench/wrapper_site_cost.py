@@ -5,7 +5,7 @@
 
 FSDP / FSDP2 recipes (accelerate, Lightning, torchtitan) wrap each layer in torch's ``CheckpointWrapper``
 (``apply_activation_checkpointing``); torch-checkpoint-wrapper hands each call to the layer's own checkpointing, with
-the wrapper's checkpoint function, so that transformers' fixes act on it.  The layers are tools/hotfix_lab/bench/wrapper_cost.py's
+the wrapper's checkpoint function, so that transformers' fixes act on it.  The layers are hotfix_lab.bench.wrapper_cost's
 case (a) (Llama-style ``cos``/``sin`` by keyword, nothing to lift), ``--layers`` of them in a ``PreTrainedModel`` whose
 checkpointing transformers never enabled, every one wrapped, ``CheckpointImpl.REENTRANT`` and ``NO_REENTRANT``.  Per
 call: the forward of the whole tiny model (width 8, 4 tokens: the wrapper's microseconds are not lost in the layers'

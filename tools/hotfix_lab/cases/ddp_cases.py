@@ -33,7 +33,7 @@ equals a zero one).  Case names: ``[unsloth:]{lora,full,whisper-lora}[+unused][+
   own model code's do.
 
 ``fork:<function>:{lora,full}``: checkpointing turned on through a fork's checkpoint function as the fork does
-(tools/hotfix_lab/infra/fork_loader.py: ``llamafactory-unsloth``, ``axolotl-offload``, ...; the release on PYTHONPATH; axolotl's
+(hotfix_lab.infra.fork_loader: ``llamafactory-unsloth``, ``axolotl-offload``, ...; the release on PYTHONPATH; axolotl's
 replaces transformers' ``checkpoint`` for the process: its cases come last).
 
 ``trainer-lora``: transformers' Trainer with ``gradient_checkpointing=True`` over the LoRA model
@@ -176,7 +176,7 @@ def plain_case(name, rank, world):
 
 
 def fork_enable(function):
-    """tools/hotfix_lab/infra/fork_loader.py's enabler of ``function`` (a fork's checkpoint function: llamafactory-unsloth,
+    """hotfix_lab.infra.fork_loader's enabler of ``function`` (a fork's checkpoint function: llamafactory-unsloth,
     axolotl-offload, ...), the fork's release loaded from PYTHONPATH once."""
     from hotfix_lab.infra import fork_loader
 

@@ -36,14 +36,14 @@ from typing import Dict, List
 
 from hotfix_lab.infra.paths import REPO
 
-from packaging.version import Version  # noqa: E402
+from packaging.version import Version
 
-from hotfix_lab.census import census  # noqa: E402
-from hotfix_lab.census import ddp  # noqa: E402
-from hotfix_lab.census import releases  # noqa: E402
-from hotfix_lab.census import runner  # noqa: E402
-from hotfix_lab.census import wrapper  # noqa: E402
-from hotfix_lab.census import zoo_nonreentrant  # noqa: E402
+from hotfix_lab.census import census
+from hotfix_lab.census import ddp
+from hotfix_lab.census import releases
+from hotfix_lab.census import runner
+from hotfix_lab.census import wrapper
+from hotfix_lab.census import zoo_nonreentrant
 
 #: each census tool, as ``python -m`` runs it
 CENSUS, DDP, WRAPPER, ZOO = (["-P", "-m", f"hotfix_lab.census.{name}"]

@@ -1,10 +1,10 @@
 """The census's fixed core: which cell probes which mechanism, and a row's verdict.
 
 A transformers cell is a model type (``+variant`` as in tools/hotfix_lab/sweep/sweep_families) and a sweep recipe
-(tools/hotfix_lab/sweep/sweep_recipes.py), or a case of tools/hotfix_lab/cases/grad_case.py (``lab/<case>``: what no built-in
+(hotfix_lab.sweep.sweep_recipes), or a case of hotfix_lab.cases.grad_case (``lab/<case>``: what no built-in
 model shows, e.g. a third-party GradientCheckpointingLayer); its verdict is the reentrant mode's,
 compared with the step without checkpointing by hotfix's own rule.  An unsloth-zoo cell is a case of
-tools/hotfix_lab/cases/zoo_cases.py.  A compile cell (``compile/<model>/<backend>``) is tools/hotfix_lab/cases/compile_case.py: a
+hotfix_lab.cases.zoo_cases.  A compile cell (``compile/<model>/<backend>``) is hotfix_lab.cases.compile_case: a
 checkpointed model under ``torch.compile``, its verdict and dynamo's counts (graphs, breaks, frames,
 recompiles), which must be the same with hotfix as without.
 Verdicts: equal | wrong | crash | guard (memory/time guard) | late (step 1 offloads nothing) | n/a

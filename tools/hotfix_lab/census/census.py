@@ -13,7 +13,7 @@
 Dimensions (releases: tools/hotfix_lab/census/releases.py):
 * transformers: the last patch of every minor line from 4.35 to the newest and the first release of each line
   where a declared range starts (below 4.43 the LoRA cells run an older PEFT:
-  tools/hotfix_lab/sweep/sweep_models.py's ``OLDER_PEFT``).  Each mechanism's cells (``CELLS``: a model type and a recipe of the
+  hotfix_lab.sweep.sweep_models's ``OLDER_PEFT``).  Each mechanism's cells (``CELLS``: a model type and a recipe of the
   sweep, built and checked by tools/hotfix_lab/sweep/'s worker, memory/time guard per step, a worker killed per
   model after ``--model-timeout``) run through torch's reentrant checkpoint and unsloth-zoo's
   ``UnslothCheckpointFunction`` (tools/hotfix_lab/sweep/sweep_models.py's UNSLOTH_ZOO, loaded on CPU), with hotfix
@@ -65,11 +65,11 @@ from packaging.version import Version
 
 from hotfix_lab.infra.paths import REPO, TOOLS
 
-from hotfix_lab.census import boundaries  # noqa: E402
-from hotfix_lab.census import cells  # noqa: E402
-from hotfix_lab.census import releases  # noqa: E402
-from hotfix_lab.sweep import sweep_store  # noqa: E402
-from hotfix_lab.census.runner import MATRIX, RowSink, install, read_rows, run_jobs, torch_release  # noqa: E402
+from hotfix_lab.census import boundaries
+from hotfix_lab.census import cells
+from hotfix_lab.census import releases
+from hotfix_lab.sweep import sweep_store
+from hotfix_lab.census.runner import MATRIX, RowSink, install, read_rows, run_jobs, torch_release
 
 STORE = REPO / "docs" / "census"
 DOC = REPO / "docs" / "versions.md"
@@ -138,7 +138,7 @@ def torch_venv(version: str, wheel: Optional[str] = None) -> Path:
         built = [wheel] if wheel else [str(w) for w in Path(wheels).glob("*.whl")]
         subprocess.run([*pip, "--force-reinstall", "--no-deps", *built], check=True)
     # the lab's modules run there too (python -P -m hotfix_lab...): its .pth, written by that venv's python
-    subprocess.run([str(python), "-P", "-m", "hotfix_lab.infra.paths"], env=dict(os.environ, PYTHONPATH=str(TOOLS)),
+    subprocess.run([str(python), "-P", "-m", "hotfix_lab.infra.pth"], env=dict(os.environ, PYTHONPATH=str(TOOLS)),
                    check=True)
     if fresh:
         subprocess.run([str(python), "-c", "import torch, wrapt, hotfix, hotfix_lab"], check=True)
@@ -193,7 +193,7 @@ def unsloth_unsupported(version: str) -> Optional[str]:
 
 
 def run_compile(version: str, hotfix: bool, function: str, done: set, sink, args) -> None:
-    """The compile column of one (release, hotfix on/off, function): tools/hotfix_lab/cases/compile_case.py, a child per case."""
+    """The compile column of one (release, hotfix on/off, function): hotfix_lab.cases.compile_case, a child per case."""
     from hotfix.diagnostics.children import child_env, json_lines, last_line, run_python
     from hotfix_lab.sweep import sweep_models
 
@@ -232,7 +232,7 @@ def run_transformers(version: str, hotfix: bool, function: str, done: set, sink,
 
         worker_args = SimpleNamespace(memory_limit=args.memory_limit, time_limit=args.time_limit,
                                       model_timeout=args.model_timeout, recipes=recipe, dtype="float32")
-        # a reentrant difference of rounding size is measured again in float64 (tools/hotfix_lab/sweep/sweep_rounding.py)
+        # a reentrant difference of rounding size is measured again in float64 (hotfix_lab.sweep.sweep_rounding)
         sweep_models.run_worker_rechecked(version, hotfix, function, todo, set(), worker_args, take, ("reentrant",))
         for model in todo:
             if model not in seen:  # the release has no such model type

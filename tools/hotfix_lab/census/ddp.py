@@ -12,7 +12,7 @@ two do: docs/fixes/transformers-ddp-find-unused.md) runs tools/hotfix_lab/cases/
 training, through torch's reentrant checkpoint and unsloth-zoo's ``UnslothCheckpointFunction`` (the
 release tools/hotfix_lab/sweep/sweep_models.py names, loaded on CPU), every trainable parameter's gradient after
 DDP's all-reduce against DDP without checkpointing; and the direct call (torch-ddp-find-unused): a
-``PreTrainedModel`` as Hub modeling files write it (tools/hotfix_lab/infra/remote_code_model.py), whose own forward calls
+``PreTrainedModel`` as Hub modeling files write it (hotfix_lab.infra.remote_code_model), whose own forward calls
 the ``checkpoint`` its module imported, through torch's class and after unsloth's swap of its class in for
 torch's.  Below transformers 4.43 the LoRA cases run the older PEFT the sweep uses there.  About 10 s per
 release and half on the 2-core CPU machine.
@@ -26,25 +26,22 @@ page: docs/census/ddp.md.  ``gate_problems()`` holds the declared range of trans
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from typing import Dict, List, Optional
 
-from hotfix_lab.infra.paths import REPO
+from packaging.version import Version
 
-from packaging.version import Version  # noqa: E402
+from hotfix_lab.census import releases
+from hotfix_lab.census import runner
+from hotfix_lab.census.runner import install
+from hotfix_lab.census.side import SideCensus, verdict_of
 
-from hotfix_lab.census import releases  # noqa: E402
-from hotfix_lab.census import runner  # noqa: E402
-from hotfix_lab.census.runner import install  # noqa: E402
-
-STORE = REPO / "docs" / "census" / "ddp"
-DOC = REPO / "docs" / "census" / "ddp.md"
-DIMENSION = "ddp"
+CENSUS = SideCensus("ddp", page="ddp", key=("release", "torch", "function", "case", "hotfix"), tool="ddp")
+STORE, DOC, DIMENSION = CENSUS.store, CENSUS.doc, CENSUS.dimension
 FIX, MECHANISM = "transformers-ddp-find-unused", "ddp-hidden-parameters"
 #: the fix of the direct cases, and its mechanism per checkpoint function (the ranges: torch's, unsloth-zoo's)
 DIRECT_FIX = "torch-ddp-find-unused"
 DIRECT_MECHANISMS = {"torch": ("ddp-direct-checkpoint", "torch"), "unsloth": ("ddp-direct-unsloth", "unsloth-zoo")}
-#: (checkpoint function, recipe) -> tools/hotfix_lab/cases/ddp_cases.py's case name; unsloth's come last (its swap is process-wide)
+#: (checkpoint function, recipe) -> hotfix_lab.cases.ddp_cases's case name; unsloth's come last (its swap is process-wide)
 CASES = {("torch", "lora"): "lora", ("torch", "full"): "full", ("torch", "direct"): "direct:remote",
          ("unsloth", "lora"): "unsloth:lora", ("unsloth", "full"): "unsloth:full",
          ("unsloth", "direct"): "unsloth:direct:remote"}
@@ -54,24 +51,9 @@ COLUMNS = {"lora": "LoRA", "full": "full", "direct": "direct call"}
 DEFECT = "Expected to mark a variable ready only once"
 
 
-def _key(row: Dict) -> tuple:
-    return (row["release"], row["torch"], row["function"], row["case"], row["hotfix"])
-
-
-def _group(row: Dict) -> str:
-    return f"torch{row['torch']}"
-
-
 def row_of(release: str, function: str, recipe: str, hotfix: bool, result: Optional[Dict], why: str = "") -> Dict:
     """One case's result (ddp_cases.py) as a row: equal / wrong / crash / error."""
-    if result is None:
-        verdict, detail = "error", why
-    elif not result.get("ok"):
-        verdict, detail = "crash", result.get("error", "")
-    elif result.get("equal"):
-        verdict, detail = "equal", f"{result['trainable']}/{result['trainable']} gradients equal"
-    else:
-        verdict, detail = "wrong", result.get("summary", "")
+    verdict, detail = verdict_of(result, why, lambda r: f"{r['trainable']}/{r['trainable']} gradients equal")
     return dict(dimension=DIMENSION, release=release, function=function, case=recipe, hotfix=hotfix,
                 verdict=verdict, detail=str(detail)[:300])
 
@@ -103,9 +85,10 @@ def _word(row: Optional[Dict]) -> str:
     return row["verdict"]
 
 
+@CENSUS.page
 def section(all_rows: List[Dict]) -> List[str]:
     """The page's lines: per torch line, a release per row, each case upstream -> with hotfix."""
-    rows = {_key(r): r for r in all_rows if r.get("dimension") == DIMENSION}
+    rows = CENSUS.rows(all_rows)
     out = ["# DDP with find_unused_parameters=True, reentrant checkpointing: every transformers release", "",
            "Rendered by tools/hotfix_lab/census/ddp.py from docs/census/ddp/ (one DDP rank, gloo, CPU; tools/hotfix_lab/cases/ddp_cases.py:",
            "a tiny Llama, LoRA on q_proj/v_proj or every parameter training, each gradient after DDP's all-reduce",
@@ -128,8 +111,7 @@ def section(all_rows: List[Dict]) -> List[str]:
     return out
 
 
-def render(all_rows: List[Dict], doc: Path) -> None:
-    doc.write_text("\n".join(section(all_rows)).rstrip() + "\n")
+render = CENSUS.render
 
 
 # -- the gate ---------------------------------------------------------------------------------------
@@ -145,10 +127,10 @@ def gate_problems(all_rows: List[Dict], patch) -> List[str]:
     def holds(spec: Optional[str], release: str) -> bool:
         return spec is not None and SpecifierSet(spec).contains(release, prereleases=True)
 
-    mechanism = next((m for m in patch.mechanisms if m.name == MECHANISM), None)
+    mechanism, problems = CENSUS.declared(patch, MECHANISM)
     if mechanism is None:
-        return [f"{MECHANISM}: not declared by {patch.name}"]
-    rows = {_key(r): r for r in all_rows if r.get("dimension") == DIMENSION}
+        return problems
+    rows = CENSUS.rows(all_rows)
     out = []
     for (release, torch, function, recipe, hotfix), row in sorted(rows.items()):
         if hotfix or recipe == "direct":  # the direct cases are torch-ddp-find-unused's: direct_gate_problems
@@ -175,7 +157,7 @@ def direct_gate_problems(all_rows: List[Dict], patch) -> List[str]:
     from packaging.specifiers import SpecifierSet
 
     declared = {m.name: m for m in patch.mechanisms}
-    rows = {_key(r): r for r in all_rows if r.get("dimension") == DIMENSION and r["case"] == "direct"}
+    rows = CENSUS.rows(all_rows, lambda r: r["case"] == "direct")
     out = []
     for (release, torch, function, recipe, hotfix), row in sorted(rows.items()):
         name, distribution = DIRECT_MECHANISMS[function]
@@ -192,13 +174,13 @@ def direct_gate_problems(all_rows: List[Dict], patch) -> List[str]:
     return out
 
 
+@CENSUS.describes
 def _describe(row: Dict) -> str:
     return f"[ddp {row['release']} {row['function']} {row['case']} hotfix {'on ' if row['hotfix'] else 'off'}] {_word(row)}"
 
 
 def main(argv=None) -> int:
-    return runner.per_release_main(argv, __doc__.splitlines()[0], "ddp", STORE, DOC,
-                                   releases.transformers_releases(), run_release, _describe, _key, _group, render)
+    return CENSUS.per_release_main(argv, __doc__.splitlines()[0], releases.transformers_releases(), run_release)
 
 
 if __name__ == "__main__":

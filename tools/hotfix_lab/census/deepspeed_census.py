@@ -25,7 +25,7 @@ checkpointing (every trainable gradient after the first backward, every paramete
 ``LOCAL_SIZE=2`` as DeepSpeed's own launcher sets it (``RANKS``).  About 2 minutes per launch on the 2-core CPU
 machine; one launch at a time.
 
-Rows: docs/census/deepspeed/torch<version>.jsonl.gz (tools/hotfix_lab/sweep/sweep_store.py).  The page: docs/census/deepspeed.md.
+Rows: docs/census/deepspeed/torch<version>.jsonl.gz (hotfix_lab.sweep.sweep_store).  The page: docs/census/deepspeed.md.
 ``gate_problems()`` holds the declared deepspeed range of deepspeed-zero3-frozen-recompute (mechanism
 zero3-frozen-recompute) against the rows (tests/versions/test_deepspeed_census.py).
 """
@@ -41,20 +41,17 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from hotfix_lab.infra.paths import REPO, TOOLS
+from packaging.version import Version
 
-from packaging.version import Version  # noqa: E402
+from hotfix_lab.census import releases
+from hotfix_lab.census import runner
+from hotfix_lab.census.side import SideCensus
+from hotfix_lab.infra import deepspeed_env
+from hotfix_lab.infra import rank_results
+from hotfix_lab.infra.paths import TOOLS
 
-from hotfix_lab.infra import deepspeed_env  # noqa: E402
-from hotfix_lab.infra import rank_results  # noqa: E402
-from hotfix_lab.census import releases  # noqa: E402
-from hotfix_lab.census import runner  # noqa: E402
-from hotfix_lab.sweep import sweep_store  # noqa: E402
-
-STORE = REPO / "docs" / "census" / "deepspeed"
-DOC = REPO / "docs" / "census" / "deepspeed.md"
-LAB = TOOLS
-DIMENSION = "deepspeed"
+CENSUS = SideCensus("deepspeed", page="deepspeed", key=("release", "torch", "case", "hotfix"), tool="deepspeed census")
+STORE, DOC, DIMENSION = CENSUS.store, CENSUS.doc, CENSUS.dimension
 FIX, MECHANISM = "deepspeed-zero3-frozen-recompute", "zero3-frozen-recompute"
 FIX_MODULE = "hotfix.patches.deepspeed_zero3_frozen_recompute"
 #: the transformers release every case runs on (the tests' own, tests/e2e/test_deepspeed.py)
@@ -83,14 +80,6 @@ COLUMNS = {False: "upstream", True: "hotfix"}
 #: on a machine without numactl, fails every ZeRO-3 case (FileNotFoundError: 'numactl'; 0.14.5 and 0.15.0 under
 #: torchrun, 2026-11-28); from 0.16 it counts 1 there.  ZeRO-3 reads it only to count nodes (1 either way).
 RANKS = 2
-
-
-def _key(row: Dict) -> tuple:
-    return (row["release"], row["torch"], row["case"], row["hotfix"])
-
-
-def _group(row: Dict) -> str:
-    return f"torch{row['torch']}"
 
 
 # -- which releases ---------------------------------------------------------------------------------
@@ -129,8 +118,7 @@ def _signature(rows: Dict[tuple, Dict], release: str, torch: str) -> Optional[Di
 def open_bisections(all_rows: List[Dict], torch: str) -> List[Tuple[str, str, List[str]]]:
     """Per line, each two neighbouring measured releases of this torch that disagree in a cell both have (upstream
     or with hotfix; "does not run" against running) with releases between them: (lower, upper, those between)."""
-    rows = {_key(r): r for r in all_rows if r.get("dimension") == DIMENSION and r["torch"] == torch
-            and r["verdict"] != "error"}
+    rows = CENSUS.rows(all_rows, lambda r: r["torch"] == torch and r["verdict"] != "error")
     out = []
     for found in lines().values():
         measured = [v for v in found if _signature(rows, v, torch)]
@@ -153,7 +141,7 @@ def install(version: str) -> Path:
 def _env(hotfix: bool, folder: Path, extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
     from hotfix.diagnostics.children import child_env
 
-    paths = [folder, runner.MATRIX / f"transformers-{TRANSFORMERS}", LAB]
+    paths = [folder, runner.MATRIX / f"transformers-{TRANSFORMERS}", TOOLS]
     return child_env(hotfix, keep_hotfix_settings=False, pythonpath=paths,
                      extra={**deepspeed_env.cpu_env(folder, runner.torch_release()), "LOCAL_SIZE": str(RANKS),
                             **(extra or {})})
@@ -181,7 +169,7 @@ def probe(folder: Path) -> str:
 
 
 def launch(folder: Path, hotfix: bool, cases: List[str], timeout: float) -> Tuple[Dict[int, Dict], str]:
-    """2 ranks of tools/hotfix_lab/cases/deepspeed_cases.py over ``cases``: ({rank: its result file}, why there are not two)."""
+    """2 ranks of hotfix_lab.cases.deepspeed_cases over ``cases``: ({rank: its result file}, why there are not two)."""
     with tempfile.TemporaryDirectory() as out:
         command, loopback = rank_results.command(["-m", "hotfix_lab.cases.deepspeed_cases", out, *cases], RANKS)
         try:
@@ -254,10 +242,6 @@ def word(row: Optional[Dict]) -> str:
     return f"{row['verdict']}: {detail[:50]}"
 
 
-def _rows(all_rows: List[Dict]) -> Dict[tuple, Dict]:
-    return {_key(r): r for r in all_rows if r.get("dimension") == DIMENSION}
-
-
 def alone_fails(rows: Dict[tuple, Dict], release: str, torch: str, case: str, hotfix: bool) -> bool:
     """Whether ``case`` fails as its stage's control does (DeepSpeed without any checkpointing) in the same column:
     DeepSpeed's own failure, before any checkpoint runs."""
@@ -271,7 +255,7 @@ def holds(all_rows: List[Dict], torch: str) -> Dict[str, object]:
     """What holds under this torch, from the rows: the releases that do not run, those that run, the releases where
     upstream has the metadata error in a frozen case, (release, stage) where DeepSpeed fails without checkpointing
     (the control, upstream), and the cells with hotfix not equal other than those."""
-    rows = _rows(all_rows)
+    rows = CENSUS.rows(all_rows)
     measured = sorted({k[0] for k in rows if k[1] == torch}, key=Version)
     no_run = [v for v in measured if (v, torch, NO_RUN_CASE, False) in rows]
     running = [v for v in measured if v not in no_run]
@@ -284,8 +268,9 @@ def holds(all_rows: List[Dict], torch: str) -> Dict[str, object]:
     return dict(no_run=no_run, running=running, metadata=metadata, alone=alone, hotfix_not_equal=not_equal)
 
 
+@CENSUS.page
 def section(all_rows: List[Dict]) -> List[str]:
-    rows = _rows(all_rows)
+    rows = CENSUS.rows(all_rows)
     out = ["# DeepSpeed ZeRO-2 / ZeRO-3 with gradient checkpointing: every DeepSpeed line", "",
            "Rendered by tools/hotfix_lab/census/deepspeed_census.py from docs/census/deepspeed/ (2-vCPU VM, CPU, DeepSpeed CPU",
            f"accelerator, gloo; 2 ranks under torchrun; transformers {TRANSFORMERS}; tools/hotfix_lab/cases/deepspeed_cases.py:",
@@ -337,8 +322,7 @@ def section(all_rows: List[Dict]) -> List[str]:
     return out
 
 
-def render(all_rows: List[Dict], doc: Path) -> None:
-    doc.write_text("\n".join(section(all_rows)).rstrip() + "\n")
+render = CENSUS.render
 
 
 # -- the gate ---------------------------------------------------------------------------------------
@@ -349,11 +333,11 @@ def gate_problems(all_rows: List[Dict], patch) -> List[str]:
     DeepSpeed fails as the stage's control does, without checkpointing (``alone_fails``)."""
     from packaging.specifiers import SpecifierSet
 
-    mechanism = next((m for m in patch.mechanisms if m.name == MECHANISM), None)
+    mechanism, problems = CENSUS.declared(patch, MECHANISM)
     if mechanism is None:
-        return [f"{MECHANISM}: not declared by {patch.name}"]
+        return problems
     affected = SpecifierSet(mechanism.affected["deepspeed"])
-    rows = _rows(all_rows)
+    rows = CENSUS.rows(all_rows)
     out = []
     for torch in sorted({k[1] for k in rows}, key=Version):
         found = holds(all_rows, torch)
@@ -372,6 +356,7 @@ def gate_problems(all_rows: List[Dict], patch) -> List[str]:
     return out
 
 
+@CENSUS.describes
 def _describe(row: Dict) -> str:
     return f"[deepspeed {row['release']} {row['case']} hotfix {'on ' if row['hotfix'] else 'off'}] {word(row)}"
 
@@ -440,7 +425,7 @@ def main(argv=None) -> int:
             queue = [v for v in queue if v not in done or wanted(v, runner.read_rows(results))]
             # a release is only measured again when its columns are missing (a failed install is not retried here)
             queue = [v for v in queue if v not in done]
-        sweep_store.compact(results, _key, _group)
+        CENSUS.compact(results)
         print(f"deepspeed census: measured in {time.monotonic() - started:.0f} s", flush=True)
     render(runner.read_rows(results), Path(args.doc))
     print(f"deepspeed census: {args.doc}")

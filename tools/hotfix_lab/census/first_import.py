@@ -2,7 +2,7 @@
 """First-import census: is hotfix active in a process whose first import is another library, not transformers?
 
 Each case is one line of CASES: the library (a release of tests/matrix.txt, installed side by side in .matrix/ by
-tools/hotfix_lab/infra/matrix_install.py; "-": the venv's own, or none) and the statement a user's script starts with.  Each
+hotfix_lab.infra.matrix_install; "-": the venv's own, or none) and the statement a user's script starts with.  Each
 runs in a fresh interpreter of the running venv (hotfix installed there, its start-up hook live, no ``import
 hotfix``): the statement, then ``import transformers.modeling_utils`` (what building a model imports), then
 ``hotfix_state`` is asked what is applied *in that process*.  A spy finder ahead of every other records which

@@ -30,16 +30,15 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from hotfix_lab.infra.paths import REPO, TOOLS
+from packaging.version import Version
 
-from packaging.version import Version  # noqa: E402
+from hotfix_lab.census import runner
+from hotfix_lab.census.runner import install
+from hotfix_lab.census.side import SideCensus
+from hotfix_lab.infra.paths import TOOLS
 
-from hotfix_lab.census import runner  # noqa: E402
-from hotfix_lab.census.runner import install  # noqa: E402
-
-STORE = REPO / "docs" / "census" / "forks"
-DOC = REPO / "docs" / "census" / "forks.md"
-DIMENSION = "forks"
+CENSUS = SideCensus("forks", page="forks", key=("fork", "release", "function", "case", "phase", "torch"), tool="forks")
+STORE, DOC, DIMENSION = CENSUS.store, CENSUS.doc, CENSUS.dimension
 
 #: fork -> (release, transformers release it runs with); None: the distribution holds no code (0.5.0's wheel and
 #: sdist are empty).  Pre-4.52 forks run on 4.44.2 (the pre-GradientCheckpointingLayer call shape their pins use).
@@ -131,14 +130,6 @@ def run_release(fork: str, release: str, transformers: Optional[str], sink, time
                     sink(_row(fork, release, transformers, function, case, phase, result))
 
 
-def _key(row: Dict) -> tuple:
-    return (row["fork"], row["release"], row["function"], row["case"], row["phase"], row["torch"])
-
-
-def _group(row: Dict) -> str:
-    return f"torch{row['torch']}"
-
-
 def _broken(verdict: str) -> bool:
     return verdict not in ("equal", "n/a")
 
@@ -185,7 +176,8 @@ def gate_problems(rows: List[Dict]) -> List[str]:
     return problems
 
 
-def render(rows: List[Dict], doc: Path) -> None:
+@CENSUS.page
+def section(rows: List[Dict]) -> List[str]:
     dates = sorted({r["date"] for r in rows}) or ["-"]
     torches = sorted({r["torch"] for r in rows}, key=Version)
     out = ["# The forks of unsloth's offloaded checkpointer: LlamaFactory and axolotl, every release", "",
@@ -255,10 +247,13 @@ def render(rows: List[Dict], doc: Path) -> None:
         if key not in seen:
             seen.add(key)
             out.append(f"- {r['fork']} {r['release']} {r['function']} {r['case']}: {r['verdict']}: {r['detail']}")
-    doc.parent.mkdir(parents=True, exist_ok=True)
-    doc.write_text("\n".join(out) + "\n")
+    return out
 
 
+render = CENSUS.render
+
+
+@CENSUS.describes
 def _describe(row: Dict) -> str:
     return (f"[{row['fork']} {row['release']} {row['function']} {row['phase']}] {row['case']}: "
             f"{row['verdict']} {row['detail'][:80]}")
@@ -283,7 +278,7 @@ def main(argv=None) -> int:
                 for fork, entries in RELEASES.items() for release, transformers in entries
                 if (f"{fork}=={release}" in only or fork in only) or (not only and (fork, release) not in done)]
 
-    return runner.measure_and_render(args, "forks", jobs, _describe, _key, _group, render)
+    return CENSUS.measure_and_render(args, jobs)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@
     python -P -m hotfix_lab.census.moe_routing [--lines 4.56.2,5.24.0] [--only TYPE,...] [--page docs/census/moe-routing.md]
 
 For each transformers line (4.56.2: the test venv's own; others: tests/matrix.txt's release in .matrix/) the MoE model
-types are read from that release's modeling code (tools/hotfix_lab/cases/moe_cases.py ``moe_types``: a causal LM whose modeling
+types are read from that release's modeling code (hotfix_lab.cases.moe_cases ``moe_types``: a causal LM whose modeling
 code calls ``topk``, whose config counts experts).  Each type is built tiny (random weights, 2 layers, 8 experts, top
 2), its routers tied and drifted during the recomputation only (moe_cases' drift device), and trained one step with
 reentrant and with non-reentrant checkpointing through transformers' enabler against the same step without

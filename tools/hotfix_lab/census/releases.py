@@ -33,7 +33,7 @@ HERE = Path(__file__).resolve().parent
 CACHE = HERE / "pypi-releases.json"
 FIRST_LINE = (4, 35)
 FIRST_ZOO = "2024.11.6"
-#: the torch releases every census release is measured under (the tests' torch first; tools/hotfix_lab/census/add_release.py)
+#: the torch releases every census release is measured under (the tests' torch first; hotfix_lab.census.add_release)
 CENSUS_TORCHES = ("2.13.0", "2.14.1")
 FIRST_TORCH, LAST_TORCH = (2, 4), (2, 15)
 #: the transformers release measured under every torch line: the newest when they were measured (2026-11-27;
@@ -69,7 +69,7 @@ def _final(version: str) -> bool:
 
 def last_line() -> Tuple[int, int]:
     """The newest transformers minor line with a final release in the cache: a refresh that brings a new line
-    brings it into the census (and the tests then ask for its rows: tools/hotfix_lab/census/add_release.py measures them)."""
+    brings it into the census (and the tests then ask for its rows: hotfix_lab.census.add_release measures them)."""
     return max(Version(v).release[:2] for v in _dates()["transformers"] if _final(v))
 
 

@@ -210,7 +210,7 @@ def _lost(row: Dict) -> str:
 
 
 def _boundaries(rows: List[Dict], torch: str) -> List[str]:
-    """The bisect of tools/hotfix_lab/census/boundaries.py under ``torch``: each line's first patch release against its last,
+    """The bisect of hotfix_lab.census.boundaries under ``torch``: each line's first patch release against its last,
     and where they disagree, those cells on every release between."""
     found = boundaries.lines(rows, torch)
     checked = [line for line in found if line.measured]

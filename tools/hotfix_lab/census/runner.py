@@ -1,13 +1,13 @@
-"""What every census tool shares (census.py, ddp.py, forks.py, zoo_nonreentrant.py).
+"""What every census tool shares (census, and the side censuses through side.py).
 
-* ``install``: a release side by side into .matrix/<name>-<version> (git-ignored), once (tools/hotfix_lab/
-  matrix_install.py, the test matrix's installer; a lock lets two jobs of one release install it once);
+* ``install``: a release side by side into .matrix/<name>-<version> (git-ignored), once (hotfix_lab.infra.
+  matrix_install, the test matrix's installer; a lock lets two jobs of one release install it once);
 * ``torch_release``: the torch being measured (its rows record it);
 * ``RowSink``: a row, stamped with that torch and today's date, appended to the run's pending file (a run
   that stops resumes from it) and printed as it comes;
 * ``run_jobs``: the jobs on a thread pool, one failing job one line;
-* ``add_store_arguments`` / ``measure_and_render``: a side census's command line and its cycle: measure
-  what the rows lack, compact the rows into the tracked store (tools/hotfix_lab/sweep/sweep_store.py), render the page.
+* ``add_store_arguments``: the options every side census has (side.py: its cycle, measure what the rows lack,
+  compact them into the tracked store, render the page).
 
 A tool brings its cells, its row key and store group, and its page; nothing here keeps state between calls
 except the lock that lets two jobs of one release install it once.
@@ -32,7 +32,7 @@ _INSTALLING = threading.Lock()  # jobs of one release run side by side: one inst
 
 
 def install(name: str, version: str) -> Path:
-    """``name==version`` in .matrix/<name>-<version>, once: tools/hotfix_lab/infra/matrix_install.py's rules (the test matrix's)."""
+    """``name==version`` in .matrix/<name>-<version>, once: hotfix_lab.infra.matrix_install's rules (the test matrix's)."""
     with _INSTALLING:
         return matrix_install.install(name, version)
 
@@ -103,42 +103,3 @@ def add_store_arguments(parser: argparse.ArgumentParser, store: Path, doc: Path,
     parser.add_argument("--doc", default=str(doc))
     parser.add_argument("--render-only", action="store_true")
     parser.add_argument("--timeout", type=float, default=timeout, help=timeout_help)
-
-
-def measure_and_render(args: argparse.Namespace, tool: str, jobs: Callable[[str, List[Dict], RowSink], List],
-                       describe: Callable[[Dict], str], key: Callable[[Dict], tuple], group: Callable[[Dict], str],
-                       render: Callable[[List[Dict], Path], None]) -> int:
-    """A side census's run: unless --render-only, ``jobs(torch, rows, sink)`` (what the rows of this torch lack)
-    on --jobs threads, then the rows compacted by ``key`` into the store's ``group`` files; then the page."""
-    results = Path(args.results)
-    if not args.render_only:
-        torch = torch_release()
-        run_jobs(jobs(torch, read_rows(results), RowSink(results, torch, describe)), args.jobs, tool)
-        sweep_store.compact(results, key, group)
-    render(read_rows(results), Path(args.doc))
-    print(f"{tool}: {args.doc}")
-    return 0
-
-
-def per_release_main(argv, description: str, tool: str, store: Path, doc: Path, releases: List[str],
-                     run_release: Callable[[str, bool, "RowSink", float], None], describe: Callable[[Dict], str],
-                     key: Callable[[Dict], tuple], group: Callable[[Dict], str],
-                     render: Callable[[List[Dict], Path], None]) -> int:
-    """A side census measured one transformers release and half (hotfix off, on) per job (ddp.py, wrapper.py):
-    its command line (--releases, --remeasure and the store's options) and its cycle."""
-    p = argparse.ArgumentParser(description=description)
-    p.add_argument("--releases", default="", help="comma list: only these transformers releases")
-    p.add_argument("--remeasure", action="store_true", help="run the chosen releases again even where rows exist "
-                                                           "(the newest row of a cell is the one kept)")
-    add_store_arguments(p, store, doc, 300.0, "seconds per release and half")
-    args = p.parse_args(argv)
-    only = set(filter(None, args.releases.split(",")))
-
-    def jobs(torch: str, rows: List[Dict], sink) -> List:
-        done = set() if args.remeasure else {(r["release"], r["hotfix"]) for r in rows
-                                             if r["torch"] == torch and r["verdict"] != "error"}
-        return [lambda r=release, h=hotfix: run_release(r, h, sink, args.timeout)
-                for release in releases for hotfix in (False, True)
-                if (not only or release in only) and (release, hotfix) not in done]
-
-    return measure_and_render(args, tool, jobs, describe, key, group, render)

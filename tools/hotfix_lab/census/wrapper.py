@@ -5,8 +5,8 @@
     .matrix/torch-2.11.0/bin/python -P -m hotfix_lab.census.wrapper --releases 4.56.2,5.23.0   # another torch
     python -P -m hotfix_lab.census.wrapper --render-only
 
-For every transformers release of the census (tools/hotfix_lab/census/releases.py) from 4.52.0 (``GradientCheckpointingLayer``,
-what torch-checkpoint-wrapper hands the call to), one process runs tools/hotfix_lab/cases/wrapper_cases.py without hotfix
+For every transformers release of the census (hotfix_lab.census.releases) from 4.52.0 (``GradientCheckpointingLayer``,
+what torch-checkpoint-wrapper hands the call to), one process runs hotfix_lab.cases.wrapper_cases without hotfix
 (HOTFIX_DISABLE=1) and with it: a tiny Llama (``use_cache`` at its config's default), a tiny Whisper (full) and the
 same Whisper with PEFT LoRA without the input hook, every ``GradientCheckpointingLayer`` wrapped by
 ``apply_activation_checkpointing`` with ``CheckpointImpl.REENTRANT`` and ``NO_REENTRANT``, in one process
@@ -14,7 +14,7 @@ same Whisper with PEFT LoRA without the input hook, every ``GradientCheckpointin
 trainable gradient against the same step without checkpointing.  About 15 s per release and half on the 2-core CPU
 machine.
 
-Rows: docs/census/wrapper/torch<version>.jsonl.gz (tools/hotfix_lab/sweep/sweep_store.py).  The page: docs/census/wrapper.md.
+Rows: docs/census/wrapper/torch<version>.jsonl.gz (hotfix_lab.sweep.sweep_store).  The page: docs/census/wrapper.md.
 ``gate_problems()`` holds the declared range of torch-checkpoint-wrapper against the rows
 (tests/versions/test_wrapper_census.py).
 """
@@ -22,34 +22,24 @@ Rows: docs/census/wrapper/torch<version>.jsonl.gz (tools/hotfix_lab/sweep/sweep_
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from typing import Dict, List, Optional
 
-from hotfix_lab.infra.paths import REPO
+from packaging.version import Version
 
-from packaging.version import Version  # noqa: E402
+from hotfix_lab.census import releases
+from hotfix_lab.census import runner
+from hotfix_lab.census.runner import install
+from hotfix_lab.census.side import SideCensus, verdict_of
 
-from hotfix_lab.census import releases  # noqa: E402
-from hotfix_lab.census import runner  # noqa: E402
-from hotfix_lab.census.runner import install  # noqa: E402
-
-STORE = REPO / "docs" / "census" / "wrapper"
-DOC = REPO / "docs" / "census" / "wrapper.md"
-DIMENSION = "wrapper"
+CENSUS = SideCensus("wrapper", page="wrapper", key=("release", "torch", "engine", "model", "impl", "hotfix"),
+                    tool="wrapper")
+STORE, DOC, DIMENSION = CENSUS.store, CENSUS.doc, CENSUS.dimension
 FIX, MECHANISM = "torch-checkpoint-wrapper", "wrapper-cache"
 FIRST = "4.52.0"  # GradientCheckpointingLayer
-NOT_WRAPPED = "not wrapped: no GradientCheckpointingLayer"  # tools/hotfix_lab/cases/wrapper_cases.py: nothing of the model wrapped
+NOT_WRAPPED = "not wrapped: no GradientCheckpointingLayer"  # hotfix_lab.cases.wrapper_cases: nothing of the model wrapped
 MODELS = ("llama", "whisper", "whisper-lora")
 IMPLS = ("reentrant", "no_reentrant")
 ENGINES = ("plain", "fsdp2")
-
-
-def _key(row: Dict) -> tuple:
-    return (row["release"], row["torch"], row["engine"], row["model"], row["impl"], row["hotfix"])
-
-
-def _group(row: Dict) -> str:
-    return f"torch{row['torch']}"
 
 
 def engines() -> List[str]:
@@ -59,20 +49,13 @@ def engines() -> List[str]:
 
 def row_of(release: str, case: str, hotfix: bool, result: Optional[Dict], why: str = "") -> Dict:
     engine, model, impl = case.split(":")
-    if result is None:
-        verdict, detail = "error", why
-    elif not result.get("ok"):
-        verdict, detail = "crash", result.get("error", "")
-    elif result.get("equal"):
-        verdict, detail = "equal", result.get("summary", "")
-    else:
-        verdict, detail = "wrong", result.get("summary", "")
+    verdict, detail = verdict_of(result, why, lambda r: r.get("summary", ""))
     return dict(dimension=DIMENSION, release=release, engine=engine, model=model, impl=impl, hotfix=hotfix,
                 verdict=verdict, detail=str(detail)[:300])
 
 
 def run_release(release: str, hotfix: bool, sink, timeout: float) -> None:
-    """tools/hotfix_lab/cases/wrapper_cases.py on ``release``, every case, hotfix off or on (one gloo rank for FSDP2)."""
+    """hotfix_lab.cases.wrapper_cases on ``release``, every case, hotfix off or on (one gloo rank for FSDP2)."""
     from hotfix_lab.sweep import sweep_models
 
     install("transformers", release)
@@ -102,8 +85,9 @@ def word(row: Optional[Dict]) -> str:
     return f"{row['verdict']}: {detail[:50]}"
 
 
+@CENSUS.page
 def section(all_rows: List[Dict]) -> List[str]:
-    rows = {_key(r): r for r in all_rows if r.get("dimension") == DIMENSION}
+    rows = CENSUS.rows(all_rows)
     out = ["# torch's checkpoint_wrapper around transformers layers: every release torch-checkpoint-wrapper reaches", "",
            "Rendered by tools/hotfix_lab/census/wrapper.py from docs/census/wrapper/ (CPU; tools/hotfix_lab/cases/wrapper_cases.py: every",
            "`GradientCheckpointingLayer` wrapped by `apply_activation_checkpointing` with `checkpoint_wrapper`, `use_cache`",
@@ -127,8 +111,7 @@ def section(all_rows: List[Dict]) -> List[str]:
     return out
 
 
-def render(all_rows: List[Dict], doc: Path) -> None:
-    doc.write_text("\n".join(section(all_rows)).rstrip() + "\n")
+render = CENSUS.render
 
 
 # -- the gate ---------------------------------------------------------------------------------------
@@ -138,11 +121,11 @@ def gate_problems(all_rows: List[Dict], patch) -> List[str]:
     than upstream."""
     from packaging.specifiers import SpecifierSet
 
-    mechanism = next((m for m in patch.mechanisms if m.name == MECHANISM), None)
+    mechanism, problems = CENSUS.declared(patch, MECHANISM)
     if mechanism is None:
-        return [f"{MECHANISM}: not declared by {patch.name}"]
+        return problems
     affected = SpecifierSet(mechanism.affected["transformers"])
-    rows = {_key(r): r for r in all_rows if r.get("dimension") == DIMENSION}
+    rows = CENSUS.rows(all_rows)
     out = []
     for key, row in sorted(rows.items()):
         release, torch, engine, model, impl, hotfix = key
@@ -168,14 +151,15 @@ def gate_problems(all_rows: List[Dict], patch) -> List[str]:
     return out
 
 
+@CENSUS.describes
 def _describe(row: Dict) -> str:
     return (f"[wrapper {row['release']} {row['engine']} {row['model']} {row['impl']} "
             f"hotfix {'on ' if row['hotfix'] else 'off'}] {word(row)}")
 
 
 def main(argv=None) -> int:
-    return runner.per_release_main(argv, __doc__.splitlines()[0], "wrapper", STORE, DOC,
-                                   [r for r in releases.transformers_releases() if Version(r) >= Version(FIRST)], run_release, _describe, _key, _group, render)
+    reached = [r for r in releases.transformers_releases() if Version(r) >= Version(FIRST)]
+    return CENSUS.per_release_main(argv, __doc__.splitlines()[0], reached, run_release)
 
 
 if __name__ == "__main__":

@@ -31,17 +31,17 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from hotfix_lab.infra.paths import REPO, TOOLS
+from packaging.version import Version
 
-from packaging.version import Version  # noqa: E402
+from hotfix_lab.census import releases
+from hotfix_lab.census import runner
+from hotfix_lab.census.runner import install
+from hotfix_lab.census.side import SideCensus
+from hotfix_lab.infra.paths import TOOLS
 
-from hotfix_lab.census import releases  # noqa: E402
-from hotfix_lab.census import runner  # noqa: E402
-from hotfix_lab.census.runner import install  # noqa: E402
-
-STORE = REPO / "docs" / "census" / "zoo-nonreentrant"
-DOC = REPO / "docs" / "census" / "zoo-nonreentrant.md"
-DIMENSION = "unsloth-zoo-nonreentrant"
+CENSUS = SideCensus("unsloth-zoo-nonreentrant", page="zoo-nonreentrant",
+                    key=("release", "transformers", "torch", "setup", "requested", "hotfix"), tool="zoo_nonreentrant")
+STORE, DOC, DIMENSION = CENSUS.store, CENSUS.doc, CENSUS.dimension
 TRANSFORMERS = ("5.23.0", "4.56.2")
 #: the child's setups, upstream then with hotfix activated in the same process (as the census's zoo dimension
 #: does): a user who did not ask for unsloth's offload, unsloth's request, then as a trainer enables checkpointing
@@ -53,14 +53,6 @@ MECHANISM_CELLS = {
     "non-reentrant-default": [("5.23.0", "default")],
     "non-reentrant-requested": [("5.23.0", "trl"), ("4.56.2", "trl")],
 }
-
-
-def _key(row: Dict) -> tuple:
-    return (row["release"], row["transformers"], row["torch"], row["setup"], row["requested"], row["hotfix"])
-
-
-def _group(row: Dict) -> str:
-    return f"torch{row['torch']}"
 
 
 def row_of(result: Dict, zoo: str, transformers: str, hotfix: bool, release_offloads: Optional[bool]) -> Dict:
@@ -87,7 +79,7 @@ def row_of(result: Dict, zoo: str, transformers: str, hotfix: bool, release_offl
 
 
 def run_chunk(zoos: List[str], transformers: str, sink, timeout: float) -> None:
-    """One tools/hotfix_lab/cases/zoo_routing.py --serve process for ``zoos`` under ``transformers`` (a fork per release)."""
+    """One hotfix_lab.cases.zoo_routing --serve process for ``zoos`` under ``transformers`` (a fork per release)."""
     from hotfix.diagnostics.children import child_env, json_lines, last_line, run_python
 
     folders = {str(install("unsloth-zoo", zoo)): zoo for zoo in zoos}
@@ -178,9 +170,10 @@ COLUMNS = (("5.23.0", "default", True), ("5.23.0", "trl", True), ("4.56.2", "def
 NON_REENTRANT = [cell for cells_of in MECHANISM_CELLS.values() for cell in cells_of]
 
 
+@CENSUS.page
 def section(all_rows: List[Dict]) -> List[str]:
     """The markdown lines of the page fragment (a caller such as tools/hotfix_lab/census/render.py may embed them)."""
-    rows = {_key(r): r for r in all_rows if r.get("dimension") == DIMENSION and r["setup"] != "*"}
+    rows = CENSUS.rows(all_rows, lambda r: r["setup"] != "*")
     offloads = offloading_releases(all_rows)
     pairs = {(k[0], k[1], k[2]) for k in rows}
     errors = [r for r in all_rows if r.get("dimension") == DIMENSION and r["verdict"] == "error"
@@ -222,8 +215,7 @@ def section(all_rows: List[Dict]) -> List[str]:
     return out
 
 
-def render(all_rows: List[Dict], doc: Path) -> None:
-    doc.write_text("\n".join(section(all_rows)).rstrip() + "\n")
+render = CENSUS.render
 
 
 # -- the gate ---------------------------------------------------------------------------------------
@@ -241,7 +233,7 @@ def gate_problems(all_rows: List[Dict], patch) -> List[str]:
         return spec is not None and SpecifierSet(spec).contains(release, prereleases=True)
 
     declared = {m.name: m for m in patch.mechanisms}
-    rows = {_key(r): r for r in all_rows if r.get("dimension") == DIMENSION and r["setup"] != "*"}
+    rows = CENSUS.rows(all_rows, lambda r: r["setup"] != "*")
     offloads = offloading_releases(all_rows)
     out = []
     for name, cells_of in MECHANISM_CELLS.items():
@@ -272,6 +264,7 @@ def gate_problems(all_rows: List[Dict], patch) -> List[str]:
     return out
 
 
+@CENSUS.describes
 def _describe(row: Dict) -> str:
     return (f"[{row['release']} {row['transformers']} hotfix {'on ' if row['hotfix'] else 'off'}] "
             f"{row['setup']:<9} asked={row['requested']!s:<5} "
@@ -296,7 +289,7 @@ def main(argv=None) -> int:
             chunks += [(todo[i:i + args.chunk], transformers) for i in range(0, len(todo), args.chunk)]
         return [lambda chunk=chunk: run_chunk(*chunk, sink, args.timeout) for chunk in chunks]
 
-    return runner.measure_and_render(args, "zoo_nonreentrant", jobs, _describe, _key, _group, render)
+    return CENSUS.measure_and_render(args, jobs)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ HOTFIX_VARIANTS = ("hotfix+zoo-2025.11.3", "hotfix+zoo-2026.10.9")
 STEP1_PAIRS = (("anchor:hotfix+zoo-2025.11.3", "anchor:zoo-2025.11.5"), ("hotfix+zoo-2025.11.3", "zoo-2025.11.5"))
 RACE_LINE = "CSAN detected a possible data race"
 DDP_ERROR = "Expected to mark a variable ready only once"
-#: tools/hotfix_lab/cases/ddp_cases.py's cases that fail upstream with DDP_ERROR (docs/fixes/transformers-ddp-find-unused.md);
+#: hotfix_lab.cases.ddp_cases's cases that fail upstream with DDP_ERROR (docs/fixes/transformers-ddp-find-unused.md);
 #: trainer-lora only where the Trainer wrapped the model in DDP: accelerate does on the CPU with one process, on
 #: CUDA only with more than one (accelerate 1.15 MULTI_GPU), so on one GPU it is expected to train outside DDP
 DDP_UPSTREAM_FAILS = ("lora", "full", "lora+unused", "lora+no_sync", "trainer-lora",
@@ -174,7 +174,7 @@ def _pair_summary(out, folder, judge, versions=("torch", "transformers")):
 
 
 def wrapper_summary(out):
-    """The 1-GPU FSDP / FSDP2 checkpoint_wrapper cases (tools/hotfix_lab/cases/wrapper_cases.py): upstream wrong or failing, with
+    """The 1-GPU FSDP / FSDP2 checkpoint_wrapper cases (hotfix_lab.cases.wrapper_cases): upstream wrong or failing, with
     hotfix every gradient equal (docs/fixes/torch-checkpoint-wrapper.md); None when the case did not run."""
     def judge(name, up, fixed):
         problems = []
@@ -187,7 +187,7 @@ def wrapper_summary(out):
     return _pair_summary(out, "wrapper", judge)
 
 
-#: tools/hotfix_lab/cases/deepspeed_cases.py's cases on one GPU: what upstream does (None: trains equal), as measured on CPU
+#: hotfix_lab.cases.deepspeed_cases's cases on one GPU: what upstream does (None: trains equal), as measured on CPU
 #: (tests/e2e/test_deepspeed.py); with hotfix every case trains, gradients and parameters equal
 DEEPSPEED_UPSTREAM = {"zero3:whisper:reentrant": "Trying to backward through the graph a second time",
                       "zero3:whisper-lora:reentrant": "loss must be a scalar tensor",
@@ -269,14 +269,14 @@ def deepspeed_before_fix_summary(out):
 
 
 def moe_summary(out):
-    """tools/hotfix_lab/cases/moe_cases.py in bf16 on the device (scripts/gpu/run's extras): per transformers line and case,
+    """hotfix_lab.cases.moe_cases in bf16 on the device (scripts/gpu/run's extras): per transformers line and case,
     upstream and hotfix; a problem where hotfix is not equal (a case that could not be built: n/a both ways).
     Without the drift device upstream may well be equal (the kernels' own drift rarely flips a tiny model's ties)."""
     folder = os.path.join(out, "moe")
     if not os.path.isdir(folder):
         return None
     rows, problems = [], []
-    # "zoo": unsloth-zoo's fused router with its Triton kernel (tools/hotfix_lab/cases/zoo_moe.py; runs before 2026-11-30 lack it)
+    # "zoo": unsloth-zoo's fused router with its Triton kernel (hotfix_lab.cases.zoo_moe; runs before 2026-11-30 lack it)
     for line in ("4", "5", "zoo"):
         runs = {side: {r["case"]: r for r in _lines(os.path.join(folder, f"{line}-{side}.jsonl")) or []}
                 for side in ("upstream", "hotfix")}
@@ -346,7 +346,7 @@ def _case_text(case):
 
 
 def nonreentrant_summary(path):
-    """tools/hotfix_lab/gpu/nonreentrant.py's rows, its verdict (recomputed from the rows) and the peak ratios; None: not run."""
+    """hotfix_lab.gpu.nonreentrant's rows, its verdict (recomputed from the rows) and the peak ratios; None: not run."""
     lines = _lines(path)
     if lines is None:
         return None

@@ -263,7 +263,7 @@ def _run_variant(folder, dims, batch_size, result):
 
 
 def bound_for(eager, floor):
-    """The largest relative error that counts as equal: tools/hotfix_lab/gpu/equality.py's rule over this run's noise floor,
+    """The largest relative error that counts as equal: hotfix_lab.gpu.equality's rule over this run's noise floor,
     and at least COMPILED_TOLERANCE where unsloth's compiled modules run (not eager)."""
     bound = kit_module("equality").allowed_error("float32", floor=floor)
     return bound if eager else max(bound, COMPILED_TOLERANCE)

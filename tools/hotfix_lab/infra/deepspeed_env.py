@@ -1,6 +1,6 @@
 """The environment of a DeepSpeed run on the CPU (its CPU accelerator, gloo on loopback), for every launcher.
 
-The DeepSpeed census (tools/hotfix_lab/census/deepspeed_census.py), the e2e test (tests/e2e/test_deepspeed.py), the one-process
+The DeepSpeed census (hotfix_lab.census.deepspeed_census), the e2e test (tests/e2e/test_deepspeed.py), the one-process
 shared-mapping test and the memory benchmark launch DeepSpeed from .matrix/deepspeed-<version>; each takes these
 variables from here, so one rule holds for all.  Imports nothing heavy (no torch, no DeepSpeed).
 """

@@ -2,15 +2,15 @@
 """A library release side by side in .matrix/<name>-<version> (git-ignored, ``pip install --target``), once.
 
 The one installer of the release matrix: scripts/test.sh installs tests/matrix.txt with it, every census tool
-through tools/hotfix_lab/census/runner.py.  What a library needs to install this way is data (NEEDS); every other library is
-installed alone (``--no-deps``: its needs are the venv's, or tools/hotfix_lab/infra/fork_loader.py stubs them).  A folder is
+through hotfix_lab.census.runner.  What a library needs to install this way is data (NEEDS); every other library is
+installed alone (``--no-deps``: its needs are the venv's, or hotfix_lab.infra.fork_loader stubs them).  A folder is
 complete once its ``.complete`` marker is written; a half-finished one is installed again.  A failed install
 raises (from the command line: exit status 1), naming pip's last line.
 
     python -P -m hotfix_lab.infra.matrix_install NAME VERSION [NAME VERSION ...]
     python -P -m hotfix_lab.infra.matrix_install --beside-torch LINE
 
-``--beside-torch``: BESIDE_TORCH's libraries for a side torch's venv (.matrix/torch-LINE, tools/hotfix_lab/census/census.py
+``--beside-torch``: BESIDE_TORCH's libraries for a side torch's venv (.matrix/torch-LINE, hotfix_lab.census.census
 ``--install-torch``), installed by that venv's pip into .matrix/timm-torchLINE.
 """
 

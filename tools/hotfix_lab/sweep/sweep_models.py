@@ -83,7 +83,7 @@ UNSLOTH_ZOO = "2026.10.9"
 #: (first transformers release the test venv's PEFT imports with, the PEFT the LoRA recipes run below it):
 #: PEFT >= 0.14 imports transformers' EncoderDecoderCache (4.43+); 0.12.0 is the newest that imports with
 #: every release from 4.35.0 (0.13 needs huggingface_hub.errors, newer than 4.35.0's tokenizers allow).
-#: Installed into .matrix/peft-<v> by the census (tools/hotfix_lab/census/census.py), the only tool that goes below 4.43.
+#: Installed into .matrix/peft-<v> by the census (hotfix_lab.census.census), the only tool that goes below 4.43.
 OLDER_PEFT = ("4.43.0", "0.12.0")
 
 

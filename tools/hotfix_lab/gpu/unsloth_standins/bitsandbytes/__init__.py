@@ -16,5 +16,4 @@ MESSAGE = ("bitsandbytes.{name} is not available: this is the hotfix GPU kit's s
 def __getattr__(name):
     raise AttributeError(MESSAGE.format(name=name))
 
-
 from . import nn  # noqa: E402  (bnb.nn.Linear4bit must resolve as an attribute too: peft reads it so)
