@@ -71,7 +71,9 @@ side_torches() {
         "$VENV/bin/python" -P -m hotfix_lab.census.census --install-torch "$torch_line" --wheel dist/hotfix_checkpoint-*.whl \
             2>&1 | grep -v "^WARNING: Location" || true
         [ -f "$MATRIX/torch-$torch_line.no-disk" ] && continue
-        "$MATRIX/torch-$torch_line/bin/python" -I -c "import torch, wrapt, hotfix" # fail early if the install failed
+        # fail loudly if the install failed (its tests would only skip, saying it is not installed)
+        [ -f "$MATRIX/torch-$torch_line/.complete" ] || { echo "side torch $torch_line: not installed (above)"; return 1; }
+        "$MATRIX/torch-$torch_line/bin/python" -I -c "import torch, wrapt, hotfix"
     done
     # beside torch 2.11: PyPI's torchvision for it, timm and open_clip (tools/hotfix_lab/infra/matrix_install.py BESIDE_TORCH)
     if [ -f "$MATRIX/torch-2.11.0/.complete" ]; then

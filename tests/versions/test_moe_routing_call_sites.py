@@ -7,14 +7,22 @@ one with it: upstream wrong gradients or a CheckpointError, with hotfix every gr
 checkpointing (1e-4).  unsloth-zoo 2025.11.3 loaded on CPU; DeepSpeed 0.19.8, one gloo rank; DDP and FSDP2 with
 torch's non-reentrant checkpoint (fully_shard: torch >= 2.6).  And unsloth-zoo's fused MoE router (2026.10.9, on
 transformers 5.24.0's models through hotfix_lab.cases.zoo_moe, its Triton kernel a CPU stand-in) and its own Qwen3-MoE
-block forward.
+block forward.  The upstream children are recorded (tests/evidence/moe-routing-call-sites.json, support/evidence.py).
 """
 
 from __future__ import annotations
 
+from importlib.metadata import version as installed
+
 import pytest
 
 from conftest import SUPPORT, free_port, json_lines, matrix_path, run_python
+from support import evidence
+
+RECORD = "moe-routing-call-sites"
+#: what an upstream child is made of (support/evidence.py adds the lab's infrastructure and the comparison rule)
+GUARDS = ("tests/support/moe_call_sites.py", "tests/support/moe_block.py", "tools/hotfix_lab/cases/moe_cases.py",
+          "tools/hotfix_lab/cases/zoo_moe.py", "tests/versions/test_moe_routing_call_sites.py")
 
 SITES = {"unsloth": ("unsloth-zoo", "2025.11.3"), "deepspeed": ("deepspeed", "0.19.8"),
          "wrapper-reentrant": None, "wrapper-no-reentrant": None, "ddp": None, "fsdp2": None}
@@ -24,13 +32,17 @@ SITES = {"unsloth": ("unsloth-zoo", "2025.11.3"), "deepspeed": ("deepspeed", "0.
 def test_each_call_site_replays_the_forward_routing(site):
     release = SITES[site]
     pythonpath = [matrix_path(*release)] if release else []
-    results = {}
-    for hotfix in (False, True):
+
+    def run(hotfix):
         proc = run_python([str(SUPPORT / "moe_call_sites.py"), site, str(free_port())], pythonpath=pythonpath,
                           env={"OMP_NUM_THREADS": "1", **({} if hotfix else {"HOTFIX_DISABLE": "1"})}, timeout=300)
         lines = json_lines(proc.stdout)
         assert lines, proc.stderr[-3000:]
-        results[hotfix] = lines[-1]
+        return lines[-1]
+
+    parts = {"site": site, "release": list(release or ()), "torch": installed("torch")}
+    results = {False: evidence.upstream(RECORD, site, parts, GUARDS, lambda: run(False), lambda r: r["status"]),
+               True: run(True)}
     assert results[False]["status"] in ("differs", "crash"), results[False]
     assert results[True]["status"] == "equal", results[True]
 
@@ -49,12 +61,30 @@ def _zoo_moe(flags, cases, env):
     return {line["case"]: line for line in lines}, proc.stderr
 
 
+def _zoo_facts(run):
+    """What a re-measured upstream zoo_moe child must agree on: each case's verdict, where its kernel ran, which
+    forward it went through, its error's kind; the callers of the gate."""
+    cases, _ = run
+    return {case: [line.get("status"), line.get("kernel_recomputations"), line.get("block_forward"),
+                   "CheckpointError" in line.get("error", ""), line.get("callers_eager_inside")]
+            for case, line in sorted(cases.items())}
+
+
+def _zoo_moe_upstream(flags, cases):
+    """The upstream child (HOTFIX_DISABLE=1), recorded; its stderr is not read."""
+    parts = {"flags": list(flags), "cases": list(cases), "transformers": "5.24.0", "unsloth-zoo": "2026.10.9",
+             "torch": installed("torch")}
+    cell = " ".join([*flags, *cases])
+    return evidence.upstream(RECORD, cell, parts, GUARDS,
+                             lambda: (_zoo_moe(flags, cases, {"HOTFIX_DISABLE": "1"})[0], ""), _zoo_facts)
+
+
 def test_unsloth_fused_router_declines_inside_checkpointed_calls():
     """unsloth-zoo's fused router chooses the experts inside its kernel, again in the recomputation: upstream every
     case's gradients differ (the kernel ran in each recomputation); with hotfix the kernel runs only in the step
     without checkpointing, the model's eager router is replayed, every gradient equal, said once.  Activated after the
     release's modules imported the gate under their own names (--late), the same."""
-    upstream, _ = _zoo_moe(["--fused-router"], FUSED_CASES, {"HOTFIX_DISABLE": "1"})
+    upstream, _ = _zoo_moe_upstream(["--fused-router"], FUSED_CASES)
     fixed, stderr = _zoo_moe(["--fused-router"], FUSED_CASES, {})
     late, _ = _zoo_moe(["--fused-router", "--late"], FUSED_CASES[:1], {"HOTFIX_DISABLE": "1"})
     for case in FUSED_CASES:
@@ -75,7 +105,7 @@ def test_unsloth_zoo_block_forward_replays_the_forward_routing():
     transformers 5.24.0), with the drift device: upstream wrong gradients (reentrant) and a CheckpointError
     (non-reentrant: its experts run the experts that were hit); with hotfix every gradient equal."""
     cases = ("qwen3_moe:reentrant", "qwen3_moe:non-reentrant")
-    upstream, _ = _zoo_moe(["--block-forwards"], cases, {"HOTFIX_DISABLE": "1"})
+    upstream, _ = _zoo_moe_upstream(["--block-forwards"], cases)
     fixed, _ = _zoo_moe(["--block-forwards"], cases, {})
     for run in (upstream, fixed):
         assert all(run[case]["block_forward"] == "unsloth_zoo.temporary_patches.qwen3_moe" for case in cases), run

@@ -141,7 +141,7 @@ def torch_venv(version: str, wheel: Optional[str] = None) -> Path:
     subprocess.run([str(python), "-P", "-m", "hotfix_lab.infra.pth"], env=dict(os.environ, PYTHONPATH=str(TOOLS)),
                    check=True)
     if fresh:
-        subprocess.run([str(python), "-c", "import torch, wrapt, hotfix, hotfix_lab"], check=True)
+        subprocess.run([str(python), "-P", "-c", "import torch, wrapt, hotfix, hotfix_lab"], check=True)
         (folder / ".complete").touch()
     return python
 
