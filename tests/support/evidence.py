@@ -21,6 +21,7 @@ loss or a gradient to compare with a live run.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -56,8 +57,9 @@ def key(parts: Dict[str, Any], guards: Sequence[str]) -> str:
                           ).hexdigest()
 
 
+@functools.lru_cache(maxsize=None)
 def commit_count() -> int:
-    """HEAD's commit count, or -1 outside a git checkout (then every cell is measured)."""
+    """HEAD's commit count, or -1 outside a git checkout (then every cell is measured); asked of git once a run."""
     try:
         proc = subprocess.run(["git", "rev-list", "--count", "HEAD"], cwd=str(REPO), capture_output=True, text=True,
                               timeout=30)
@@ -108,13 +110,14 @@ def upstream(record: str, cell: str, parts: Dict[str, Any], guards: Sequence[str
     if wanted == "" and current_record and not sampled(record, cell, commit_count()):
         return current_record["value"]
     value = json.loads(json.dumps(measure()))  # as a record would give it back
-    if current_record is not None and json.loads(json.dumps(facts(value))) != current_record["facts"]:
-        pytest.fail(f"evidence {record}/{cell}: upstream now shows {facts(value)!r}, the record "
+    shown = json.loads(json.dumps(facts(value)))
+    if current_record is not None and shown != current_record["facts"]:
+        pytest.fail(f"evidence {record}/{cell}: upstream now shows {shown!r}, the record "
                     f"({current_record['measured']}) {current_record['facts']!r}: find why, then "
                     f"{MODE_VAR}=record and commit tests/evidence/{record}.json")
     if wanted == "record":
         _write(record, cell, {"key": current, "measured": datetime.date.today().isoformat(), "value": value,
-                              "facts": facts(value)})
+                              "facts": shown})
     elif current_record is None:
         print(f"evidence {record}/{cell}: no current record (measured; {MODE_VAR}=record writes it)", file=sys.stderr)
     return value
