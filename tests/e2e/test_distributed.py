@@ -37,13 +37,12 @@ LAUNCH_TIMEOUT_S = 240
 
 RANK_SCRIPT = textwrap.dedent(
     '''
-    import datetime, json, os, sys
+    import datetime, sys
     import torch
     import torch.distributed as dist
     import transformers
     HOTFIX_LOADED = "hotfix" in sys.modules  # nothing but the .pth can have loaded it
-    from hotfix_lab.infra import standalone
-    from hotfix_lab.infra import tiny_models
+    from hotfix_lab.infra import rank_results, standalone, tiny_models
 
     RESULT_DIR = sys.argv[1]       # one rank<N>.json per rank (tools/hotfix_lab/infra/rank_results.py)
     MODEL = sys.argv[2]            # a tiny_models builder
@@ -146,10 +145,10 @@ RANK_SCRIPT = textwrap.dedent(
         except Exception as exc:
             out["cases"][case] = {"ok": False, "error": error_line(exc)}
         dist.barrier()
-    # One file per rank: both ranks share stdout, where lines can interleave.
-    with open(os.path.join(RESULT_DIR, "rank%d.json" % out["rank"]), "w") as f:
-        json.dump(out, f)
-    dist.destroy_process_group()
+    # One file per rank (both ranks share stdout, where lines can interleave), then out without the runtime's
+    # teardown, where torch 2.13's gloo can abort after every result is written (rank_results.leave)
+    rank_results.write_rank_file(RESULT_DIR, out)
+    rank_results.leave()
     '''
 )
 
