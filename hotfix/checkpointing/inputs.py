@@ -21,10 +21,9 @@ import functools
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import torch
-import wrapt
 
 from hotfix.checkpointing.layer_call import ShownCall
-from hotfix.checkpointing.slot import non_reentrant
+from hotfix.checkpointing.slot import STORED_MODE, non_reentrant
 from hotfix.checkpointing.structure import find_grad_tensors, hides_nothing, is_tensor, rebuild
 
 __all__ = ["anchored", "first_input_needs_grad", "lift_closure_tensors", "find_grad_tensors", "hides_nothing",
@@ -39,14 +38,11 @@ def is_reentrant(checkpoint: Any, kwargs: dict) -> bool:
     """
     value = kwargs.get("use_reentrant")
     if value is None:
-        # Through the wrapt layers of other fixes' slots to the stored function by ``__wrapped__``: a proxy answers
-        # isinstance and ``.keywords`` for what it wraps, at ~1 µs a call (every checkpointed call asks this).
-        # type(), not isinstance(): that is the question a proxy answers for what it wraps.
-        for _ in range(8):
-            if not issubclass(type(checkpoint), wrapt.FunctionWrapper):
-                break
-            checkpoint = checkpoint.__wrapped__
-        return not non_reentrant(checkpoint)  # the stored function's rule (slot composes by it too)
+        # A layer of a composed call holds the stored function's mode (``slot.STORED_MODE``, set where the call was
+        # composed); the innermost fix is handed the stored function itself, which the rule reads directly.  Another
+        # wrapper (a proxy answering for what it wraps) is asked by the same rule.
+        stored = getattr(checkpoint, STORED_MODE, None)
+        return not non_reentrant(checkpoint) if stored is None else stored
     return bool(value)
 
 

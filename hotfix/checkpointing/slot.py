@@ -88,6 +88,11 @@ class _Composed(NamedTuple):
     wrapper: Any
 
 
+#: the attribute of each wrapt layer of a composed call holding the stored function's mode (reentrant unless a
+#: ``partial`` sets ``use_reentrant`` false): a ``_self_`` name, which wrapt keeps on the proxy, not on what it wraps
+STORED_MODE = "_self_stored_reentrant"
+
+
 def non_reentrant(raw: Any) -> bool:
     """Is ``raw`` a stored function whose calls are non-reentrant unless one asks otherwise: a ``partial`` with
     ``use_reentrant`` set and false (``hotfix.checkpointing.inputs.is_reentrant``'s rule: unset is reentrant)?"""
@@ -227,8 +232,12 @@ class CheckpointFunctionSlot(property):
             if serves and now:
                 acting.append(slot)
         wrapper = raw
+        reentrant = not non_reentrant(raw)
         for slot in acting:
             wrapper = wrapt.FunctionWrapper(wrapper, slot.wrapper)
+            # the stored function's mode, decided here once and handed to every layer further out
+            # (``inputs.is_reentrant``): no slot's wrapper steps through the others' layers to read it
+            setattr(wrapper, STORED_MODE, reentrant)
         if reentrant_slots_bypassed(raw, acting):
             # transformers 5.x's default, TRL's kwargs: the stored function as it is, unless a call asks for
             # reentrant checkpointing itself (tools/hotfix_lab/bench/wrapper_cost.py: the slots' layers cost such a call ~5 µs)

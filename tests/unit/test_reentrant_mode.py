@@ -1,9 +1,10 @@
-"""hotfix/checkpointing/inputs.py ``is_reentrant``: the mode of a call read through other fixes' slot layers.
+"""hotfix/checkpointing/inputs.py ``is_reentrant``: the mode of a call, handed down by the composed call.
 
 The slots compose wrapt ``FunctionWrapper`` layers around the stored ``partial(checkpoint, use_reentrant=...)``; a
-fix further out reads the mode through the layers inside it.  It steps through them by ``__wrapped__`` (a proxy
-answering isinstance and ``.keywords`` cost ~1 µs a checkpointed call, docs/performance.md): the answer must be the
-stored function's, whatever wraps it, and a keyword given at the call wins.
+fix further out is handed the layers inside it.  The composition decides the stored function's mode once and sets
+it on each layer (``slot.STORED_MODE``): no fix steps through another's layers to read it.  The answer must be the
+stored function's, whatever wraps it (a wrapper hotfix did not compose is asked by the same rule), and a keyword
+given at the call wins.
 """
 
 from __future__ import annotations
@@ -12,9 +13,11 @@ import functools
 
 import pytest
 import wrapt
+from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from hotfix.checkpointing.inputs import is_reentrant
+from hotfix.checkpointing.slot import STORED_MODE, CheckpointFunctionSlot
 
 
 def _layers(function, count):
@@ -34,3 +37,33 @@ def test_the_stored_functions_mode_through_any_number_of_slot_layers(count, stor
 def test_a_function_that_is_no_partial_is_torchs_default_reentrant():
     assert is_reentrant(_layers(checkpoint, 2), {}) is True
     assert is_reentrant(_layers(checkpoint, 2), {"use_reentrant": False}) is False
+
+
+class _Layer(nn.Module):
+    def forward(self, x):
+        return x
+
+
+@pytest.mark.parametrize("stored, expected", [(False, False), (True, True), (None, True)])
+def test_the_composed_call_hands_the_stored_mode_to_every_layer(stored, expected):
+    seen = []
+
+    def fix():
+        def wrapper(wrapped, instance, args, kwargs):
+            seen.append((is_reentrant(wrapped, kwargs), getattr(wrapped, STORED_MODE, "the stored function")))
+            return wrapped(*args, **kwargs)
+        return wrapper
+
+    class Composed(_Layer):
+        pass
+
+    slots = None
+    for rank in (1, 2, 3):  # three fixes' slots, innermost first
+        slots = CheckpointFunctionSlot(Composed, fix(), lambda: False, rank=rank, displaced=slots, fix=f"fix-{rank}")
+    Composed._gradient_checkpointing_func = slots
+    layer = Composed()
+    layer._gradient_checkpointing_func = functools.partial(lambda function, *args, **kwargs: function(*args),
+                                                           use_reentrant=stored)
+    layer._gradient_checkpointing_func(lambda x: x, 1)
+    # outermost first: the two outer fixes read the mode their layer was handed, the innermost the stored function
+    assert seen == [(expected, expected), (expected, expected), (expected, "the stored function")]
