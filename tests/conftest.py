@@ -44,11 +44,20 @@ except ImportError as exc:  # a venv scripts/test.sh did not make: say the one s
     raise pytest.UsageError(f"the lab (tools/hotfix_lab) is not importable ({exc}): scripts/test.sh puts it on the test "
                             "venv's path, or once by hand: PYTHONPATH=tools python -P -m hotfix_lab.infra.pth") from exc
 
+from warm_interpreter import WarmInterpreters  # noqa: E402  (support/, on sys.path above)
+
 MATRIX = REPO / ".matrix"
 IN_CI = bool(os.environ.get("CI"))
 #: a folder where scripts/test.sh asks for the run's time log: one JSON line per test phase, and one per child
 #: interpreter started through run_python (tools/hotfix_lab/bench/ci_time.py renders docs/ci-time.md from it)
 CI_LOG = os.environ.get("HOTFIX_CI_LOG")
+#: what a child that trains a transformers model imports first, in a fresh interpreter as in a warm one (``warm=``)
+TRANSFORMERS_WARM = ("torch", "transformers", "transformers.modeling_utils")
+#: what the lab's rank scripts import first (hotfix_lab.cases.ddp_cases, wrapper_cases)
+DDP_WARM = ("torch", "torch.distributed", "transformers")
+#: the servers children are forked from where a test names what they import first (``run_python(warm=...)``:
+#: support/warm_interpreter.py); HOTFIX_TEST_WARM=0 starts every child fresh instead
+WARM = WarmInterpreters(str(TESTS / "_scratch")) if os.environ.get("HOTFIX_TEST_WARM", "1") != "0" else None
 
 
 def _ci_log(record: dict) -> None:
@@ -67,7 +76,12 @@ def pytest_runtest_logreport(report) -> None:
                  "outcome": report.outcome})
 
 
-def _log_child(args: List[str], env: Dict[str, str], python: Optional[str], wall: float) -> None:
+def pytest_sessionfinish(session, exitstatus) -> None:
+    if WARM is not None:
+        WARM.close()
+
+
+def _log_child(args: List[str], env: Dict[str, str], python: Optional[str], wall: float, warm: bool) -> None:
     """What CI's time log records of one child: which test, which interpreter and releases, upstream or hotfix."""
     entries = [Path(entry) for entry in env.get("PYTHONPATH", "").split(os.pathsep) if entry]
     releases = sorted(entry.name for entry in entries if entry.parent == MATRIX)
@@ -77,7 +91,7 @@ def _log_child(args: List[str], env: Dict[str, str], python: Optional[str], wall
     _ci_log({"child": os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" ", 1)[0], "wall_s": round(wall, 3),
              "python": venv.name if venv.parent in (REPO, MATRIX) else str(venv), "releases": releases,
              "upstream": env.get("HOTFIX_DISABLE", "").strip().lower() in ("1", "true", "yes", "on"),
-             "what": what})
+             "what": what, "warm": warm})
 
 
 def matrix_versions(name: str) -> List[str]:
@@ -152,35 +166,45 @@ def run_python(
     cwd: Optional[Path] = None,
     timeout: float = 600,
     python: Optional[str] = None,
+    warm: Sequence[str] = (),
 ) -> subprocess.CompletedProcess:
     """Run ``python ARGS`` in a fresh interpreter of the test venv.
 
     cwd defaults to a directory outside the repository so that the source
-    tree's ``hotfix/`` can never shadow the installed one.
+    tree's ``hotfix/`` can never shadow the installed one.  ``warm``: the modules the child imports first, before
+    anything it does could change what they do (``TRANSFORMERS_WARM``); named, the child is forked from an
+    interpreter of the same environment that imported them already (support/warm_interpreter.py).  Never
+    for a child whose subject is interpreter start or the order of imports.
     """
     child = clean_env(env, pythonpath)
+    where = str(cwd or TESTS / "_scratch")
     start = time.monotonic()
+    forked = None
     try:
-        return children.run_python(args, env=child, cwd=cwd or TESTS / "_scratch", timeout=timeout, python=python)
+        if warm and WARM is not None:
+            forked = WARM.run(args, env=child, cwd=where, timeout=timeout, python=python or sys.executable, warm=warm)
+        return forked or children.run_python(args, env=child, cwd=where, timeout=timeout, python=python)
     finally:
         if CI_LOG:
-            _log_child(args, child, python, time.monotonic() - start)
+            _log_child(args, child, python, time.monotonic() - start, warm=forked is not None)
 
 
 def launch_ranks(folder: Path, script: Union[Path, str], args: Sequence[str] = (), ranks: int = 2, *, disabled: bool = False,
                  env: Optional[Dict[str, str]] = None, pythonpath: Iterable[Path] = (),
-                 timeout: float = 300, python: Optional[str] = None,
+                 timeout: float = 300, python: Optional[str] = None, warm: Sequence[str] = (),
                  ) -> Tuple[Dict[int, dict], subprocess.CompletedProcess]:
     """``ranks`` ranks of a rank script (``script FOLDER ARGS...``: hotfix_lab.infra.rank_results's protocol; a test's own
     file, or a module of the lab by name, e.g. "hotfix_lab.cases.ddp_cases"; 2: torchrun,
     1: rank 0 of 1, 0: a plain process) writing into ``folder`` (made here), on loopback, hotfix on or
     HOTFIX_DISABLE'd: ``({rank: its result}, the launcher's process)``.  Fails the test unless every rank wrote.
-    ``python``: another interpreter than the test venv's (a side torch's venv)."""
+    ``python``: another interpreter than the test venv's (a side torch's venv).  ``warm``: as ``run_python``'s, for
+    one rank or a plain process (torchrun's ranks are its own fresh interpreters)."""
     folder.mkdir(parents=True)
     target = ["-m", script] if isinstance(script, str) else [str(script)]
     argv, launch_env = rank_results.command([*target, str(folder), *args], ranks)
     launch_env.update(env or {}, **({"HOTFIX_DISABLE": "1"} if disabled else {}))
-    proc = run_python(argv[1:], env=launch_env, pythonpath=pythonpath, timeout=timeout, python=python)
+    proc = run_python(argv[1:], env=launch_env, pythonpath=pythonpath, timeout=timeout, python=python,
+                      warm=warm if ranks < 2 else ())
     results = rank_results.read(folder)
     assert sorted(results) == list(range(max(ranks, 1))), (
         f"rc {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")

@@ -29,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from conftest import launch_ranks, matrix_path, repair_notices, run_python
+from conftest import DDP_WARM, launch_ranks, matrix_path, repair_notices, run_python
 from hotfix_lab.infra.rank_results import LOOPBACK
 
 FIX = "torch-ddp-find-unused"
@@ -49,7 +49,7 @@ def launch(folder, cases, ranks, *, disabled=False):
     """``ranks`` ranks of hotfix_lab.cases.ddp_cases (torchrun; one rank: a plain process); ({rank: result}, stderr)."""
     zoo = [matrix_path("unsloth-zoo", ZOO)] if any(case.startswith("unsloth:") for case in cases) else []
     results, proc = launch_ranks(folder, "hotfix_lab.cases.ddp_cases", cases, ranks, disabled=disabled, pythonpath=zoo,
-                                 timeout=TIMEOUT_S)
+                                 timeout=TIMEOUT_S, warm=DDP_WARM)
     return results, proc.stderr
 
 

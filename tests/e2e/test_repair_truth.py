@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
-from conftest import SUPPORT, json_lines, matrix_path, repair_notices, run_python
+from conftest import SUPPORT, TRANSFORMERS_WARM, json_lines, matrix_path, repair_notices, run_python
 
 LEAF = "transformers-input-grads-leaf"
 LAYER_IO = "transformers-checkpoint-layer-io"
@@ -52,7 +52,7 @@ def _walk(version, items, env=None):
     """Run ``items`` ((case, mode), ...) in one child; its results by (case, mode) and its "repaired" lines."""
     proc = run_python([str(SUPPORT / "repair_walk.py"), *(f"{case}:{mode}" for case, mode in items)],
                       env=dict({"OMP_NUM_THREADS": "1"}, **(env or {})),
-                      pythonpath=[matrix_path("transformers", version)], timeout=600)
+                      pythonpath=[matrix_path("transformers", version)], timeout=600, warm=TRANSFORMERS_WARM)
     results = {(r["case"], r["mode"]): r for r in json_lines(proc.stdout)}
     assert sorted(results) == sorted(items), proc.stderr[-3000:]
     return results, repair_notices(proc.stderr)

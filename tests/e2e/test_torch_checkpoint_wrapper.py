@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from conftest import launch_ranks, repair_notices
+from conftest import DDP_WARM, launch_ranks, repair_notices
 
 FIX = "torch-checkpoint-wrapper"
 #: model -> (upstream under REENTRANT, upstream under NO_REENTRANT): measured 2026-11-28, this file's launches
@@ -35,7 +35,8 @@ TIMEOUT_S = 300
 
 def launch(folder, cases, ranks, *, disabled):
     """``ranks`` processes of the rank script (torchrun for 2; one process, WORLD_SIZE=1, for 1; none: plain)."""
-    results, proc = launch_ranks(folder, "hotfix_lab.cases.wrapper_cases", cases, ranks, disabled=disabled, timeout=TIMEOUT_S)
+    results, proc = launch_ranks(folder, "hotfix_lab.cases.wrapper_cases", cases, ranks, disabled=disabled, timeout=TIMEOUT_S,
+                                    warm=DDP_WARM)
     return results, proc.stderr
 
 
@@ -107,9 +108,9 @@ def test_a_cache_by_another_keyword_is_repaired_and_said(tmp_path):
     newest = [matrix_path("transformers", "5.24.0")]
     case = "plain:llama:reentrant"
     upstream, _ = launch_ranks(tmp_path / "up", "hotfix_lab.cases.wrapper_cases", [case], 0, disabled=True,
-                               pythonpath=newest, timeout=TIMEOUT_S)
+                               pythonpath=newest, timeout=TIMEOUT_S, warm=DDP_WARM)
     fixed, proc = launch_ranks(tmp_path / "hf", "hotfix_lab.cases.wrapper_cases", [case], 0, pythonpath=newest,
-                               timeout=TIMEOUT_S)
+                               timeout=TIMEOUT_S, warm=DDP_WARM)
     assert upstream[0]["transformers"] == fixed[0]["transformers"] == "5.24.0"
     found = upstream[0]["cases"][case]
     assert found["ok"] and not found["equal"], found  # silently wrong gradients upstream

@@ -21,7 +21,7 @@ from importlib.metadata import version as installed
 
 import pytest
 
-from conftest import json_lines, run_python
+from conftest import TRANSFORMERS_WARM, json_lines, run_python
 from support import evidence
 
 #: what an upstream child is made of (support/evidence.py adds the lab's infrastructure and the comparison rule)
@@ -35,7 +35,7 @@ def _run(backend, model, disabled):
     if disabled:
         env["HOTFIX_DISABLE"] = "1"
     proc = run_python(["-P", "-m", "hotfix_lab.cases.compile_case", "--model", model, "--backend", backend], env=env,
-                      timeout=500)
+                      timeout=500, warm=TRANSFORMERS_WARM)
     lines = json_lines(proc.stdout)
     assert lines, proc.stderr[-3000:]
     return lines[-1]

@@ -18,7 +18,7 @@ def test_the_log_renders_tiers_files_and_children_by_environment(tmp_path):
         {"child": "e2e/test_a.py::test_one", "wall_s": 60.0, "python": ".venv-test",
          "releases": ["transformers-4.56.2"], "upstream": True, "what": "whisper.py"},
         {"child": "e2e/test_a.py::test_one", "wall_s": 40.0, "python": ".venv-test",
-         "releases": ["transformers-4.56.2"], "upstream": False, "what": "whisper.py"},
+         "releases": ["transformers-4.56.2"], "upstream": False, "what": "whisper.py", "warm": True},
     ]
     (log / "1.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
     proc = subprocess.run([sys.executable, "-P", "-m", "hotfix_lab.bench.ci_time", str(log), "--wall", "90"],
@@ -27,5 +27,7 @@ def test_the_log_renders_tiers_files_and_children_by_environment(tmp_path):
     page = proc.stdout
     assert "| e2e | 1 | 2:00 | 99 % |" in page and "| unit | 1 | 0:02 | 1 % |" in page, page
     assert "| e2e/test_a.py | 2:00 | 1:40 | 1:00 |" in page, page
-    assert "| .venv-test | transformers-4.56.2 | upstream | 1 | 1:00 |" in page, page
-    assert "with hotfix off (upstream halves): 1:00 (60 %)" in page, page
+    assert "| .venv-test | transformers-4.56.2 | upstream | 1 | 1:00 | 0 |" in page, page
+    assert "| .venv-test | transformers-4.56.2 | hotfix | 1 | 0:40 | 1 |" in page, page
+    assert "with hotfix off (upstream halves): 1:00 (60 %); forked from a warm interpreter" in page, page
+    assert "warm_interpreter.py): 1, 0:40." in page, page

@@ -24,7 +24,7 @@ import pytest
 import torch  # its release names DeepSpeed's extensions folder (the children run this venv's torch)
 
 from hotfix_lab.infra import deepspeed_env
-from conftest import free_port, json_lines, matrix_path, repair_notices, run_python
+from conftest import TRANSFORMERS_WARM, free_port, json_lines, matrix_path, repair_notices, run_python
 
 CHILD = r"""
 import json, sys
@@ -77,7 +77,7 @@ def _run(version, group, hotfix):
     env = dict(deepspeed_env.cpu_env(release, torch.__version__), RANK="0", LOCAL_RANK="0", WORLD_SIZE="1",
                MASTER_PORT=str(free_port()), **({} if hotfix else {"HOTFIX_DISABLE": "1"}))
     proc = run_python(["-c", CHILD, group], pythonpath=[matrix_path("transformers", version), release], env=env,
-                      timeout=300)
+                      timeout=300, warm=TRANSFORMERS_WARM)
     rows = {row.pop("case"): row for row in json_lines(proc.stdout)}
     assert sorted(rows) == sorted(_cases(group)), proc.stderr[-3000:]
     return rows, repair_notices(proc.stderr)

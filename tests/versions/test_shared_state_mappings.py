@@ -19,7 +19,7 @@ import pytest
 import torch  # its release names DeepSpeed's extensions folder (the children run this venv's torch)
 
 from hotfix_lab.infra import deepspeed_env
-from conftest import hotfix_lines, json_lines, matrix_path, run_python
+from conftest import TRANSFORMERS_WARM, hotfix_lines, json_lines, matrix_path, run_python
 
 CHILD = r"""
 import functools, json, sys
@@ -89,7 +89,7 @@ def _run(version, function, hotfix):
     if function == "deepspeed":  # its CPU accelerator, its extensions built in its own folder
         paths.append(matrix_path("deepspeed", DEEPSPEED))
         env.update(deepspeed_env.cpu_env(paths[-1], torch.__version__))
-    proc = run_python(["-c", CHILD, function], pythonpath=paths, env=env, timeout=300)
+    proc = run_python(["-c", CHILD, function], pythonpath=paths, env=env, timeout=300, warm=TRANSFORMERS_WARM)
     rows = {row["case"]: row for row in json_lines(proc.stdout)}
     assert len(rows) == 7, proc.stderr[-3000:]
     return rows, hotfix_lines(proc.stderr)

@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from conftest import json_lines, matrix_path, run_python
+from conftest import TRANSFORMERS_WARM, json_lines, matrix_path, run_python
 
 TORCH_LINES = ("2.11.0", "2.7.1")  # scripts/test.sh installs each
 pytestmark = pytest.mark.side_torch  # scripts/test.sh runs these after the side torches are installed
@@ -42,7 +42,8 @@ def _compile_case(torch, model, function, hotfix, *extra):
     if not hotfix:
         env["HOTFIX_DISABLE"] = "1"
     proc = run_python(["-P", "-m", "hotfix_lab.cases.compile_case", "--model", model, "--backend", "eager",
-                       "--function", function, *extra], env=env, pythonpath=paths, python=python, timeout=300)
+                       "--function", function, *extra], env=env, pythonpath=paths, python=python, timeout=300,
+                      warm=TRANSFORMERS_WARM)
     lines = json_lines(proc.stdout)
     assert lines, proc.stderr[-3000:]
     out = lines[-1]
@@ -84,7 +85,8 @@ def test_a_compiled_functions_recomputation_runs_its_forwards_graph_from_torch_2
     applied (declared not reached: `hotfix status` says NOT COVERED) and the recomputation runs the graph compiled
     last, as upstream."""
     python = str(matrix_path("torch", torch) / "bin" / "python")
-    proc = run_python(["-P", "-m", "hotfix_lab.cases.compile_graph_order"], env={"OMP_NUM_THREADS": "1"}, python=python, timeout=300)
+    proc = run_python(["-P", "-m", "hotfix_lab.cases.compile_graph_order"], env={"OMP_NUM_THREADS": "1"}, python=python,
+                      timeout=300, warm=("torch",))
     lines = json_lines(proc.stdout)
     assert lines, proc.stderr[-3000:]
     out = lines[-1]

@@ -20,7 +20,7 @@ from importlib.metadata import version as installed
 import pytest
 from packaging.version import Version
 
-from conftest import CRASH, json_lines, matrix_path, matrix_versions, repair_notices, run_python
+from conftest import CRASH, TRANSFORMERS_WARM, json_lines, matrix_path, matrix_versions, repair_notices, run_python
 from support import evidence
 
 CASES = [
@@ -85,7 +85,8 @@ def _run_cases(version, disabled):
     env = {"GRAD_CASE_RSS_LIMIT": str(256 * 2**20), "OMP_NUM_THREADS": "1"}
     if disabled:
         env["HOTFIX_DISABLE"] = "1"
-    proc = run_python(args, env=env, pythonpath=[matrix_path("transformers", version)], timeout=900)
+    proc = run_python(args, env=env, pythonpath=[matrix_path("transformers", version)], timeout=900,
+                      warm=TRANSFORMERS_WARM)
     results = {r["case"]: r for r in json_lines(proc.stdout)}
     assert results, proc.stderr[-3000:]
     return results
@@ -226,10 +227,11 @@ def test_a_layer_appending_to_a_cache_that_holds_prefix_tensors(version):
     recomputation appended to the caller's cache again and read it).  Now: every gradient equals the run without
     checkpointing, the cache holds the 8 positions it holds without, connected; and "repaired" is said."""
     path = [matrix_path("transformers", version)]
-    upstream = run_python(["-c", PREFIX_CACHE_CHILD], env={"HOTFIX_DISABLE": "1"}, pythonpath=path, timeout=300)
+    upstream = run_python(["-c", PREFIX_CACHE_CHILD], env={"HOTFIX_DISABLE": "1"}, pythonpath=path, timeout=300,
+                          warm=TRANSFORMERS_WARM)
     assert json_lines(upstream.stdout) == [{"error": "element 0 of tensors does not require grad and does not have "
                                                      "a grad_fn"}], upstream.stdout + upstream.stderr[-2000:]
-    fixed = run_python(["-c", PREFIX_CACHE_CHILD], pythonpath=path, timeout=300)
+    fixed = run_python(["-c", PREFIX_CACHE_CHILD], pythonpath=path, timeout=300, warm=TRANSFORMERS_WARM)
     assert json_lines(fixed.stdout) == [{"missing": [], "equal": True, "positions": 8, "connected": True}], \
         fixed.stdout + fixed.stderr[-2000:]
     assert len(repair_notices(fixed.stderr)) == 1, fixed.stderr[-2000:]
@@ -290,8 +292,9 @@ def test_attention_weights_nobody_uses_are_not_claimed_as_repaired():
     has the LiLT-style case, where it is said)."""
     path = [matrix_path("transformers", "4.56.2")]
     expected = [{"model": "bert", "equal": True}, {"model": "whisper-audio-classification", "equal": True}]
-    upstream = run_python(["-c", ATTENTIONS_CHILD], env={"HOTFIX_DISABLE": "1"}, pythonpath=path, timeout=300)
+    upstream = run_python(["-c", ATTENTIONS_CHILD], env={"HOTFIX_DISABLE": "1"}, pythonpath=path, timeout=300,
+                          warm=TRANSFORMERS_WARM)
     assert json_lines(upstream.stdout) == expected, upstream.stdout + upstream.stderr[-2000:]
-    fixed = run_python(["-c", ATTENTIONS_CHILD], pythonpath=path, timeout=300)
+    fixed = run_python(["-c", ATTENTIONS_CHILD], pythonpath=path, timeout=300, warm=TRANSFORMERS_WARM)
     assert json_lines(fixed.stdout) == expected, fixed.stdout + fixed.stderr[-2000:]
     assert repair_notices(fixed.stderr) == [], fixed.stderr[-2000:]

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
-from conftest import launch_ranks, matrix_path
+from conftest import DDP_WARM, launch_ranks, matrix_path
 
 FIND_UNUSED = "Expected to mark a variable ready only once"
 CASES = ["lora", "unsloth:lora"]
@@ -23,7 +23,8 @@ CASES = ["lora", "unsloth:lora"]
 
 def one_rank(folder, transformers, zoo, cases, env=None):
     results, _ = launch_ranks(folder, "hotfix_lab.cases.ddp_cases", cases, 1, env=env,
-                              pythonpath=[matrix_path("transformers", transformers), matrix_path("unsloth-zoo", zoo)])
+                              pythonpath=[matrix_path("transformers", transformers), matrix_path("unsloth-zoo", zoo)],
+                              warm=DDP_WARM)
     return results[0]
 
 

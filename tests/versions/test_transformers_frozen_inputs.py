@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from packaging.version import Version
 
-from conftest import json_lines, matrix_path, matrix_versions, run_python
+from conftest import TRANSFORMERS_WARM, json_lines, matrix_path, matrix_versions, run_python
 
 PATCH = "transformers-frozen-inputs"
 AFFECTED_BELOW = Version("5.0.0")
@@ -103,7 +103,7 @@ def _run(version, enabled):
     if not enabled:
         env["HOTFIX_DISABLED_PATCHES"] = PATCH
     proc = run_python(["-c", CHILD, *cases], env=env, pythonpath=[matrix_path("transformers", version)],
-                      timeout=300)
+                      timeout=300, warm=TRANSFORMERS_WARM)
     results = {r["case"]: r for r in json_lines(proc.stdout)}
     assert set(results) == set(cases), proc.stderr[-3000:]
     return results

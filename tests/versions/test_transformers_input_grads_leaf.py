@@ -33,7 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from conftest import json_lines, matrix_path, repair_notices, run_python
+from conftest import TRANSFORMERS_WARM, json_lines, matrix_path, repair_notices, run_python
 
 PATCH = "transformers-input-grads-leaf"
 LEAF_ERROR = "a leaf Variable that requires grad is being used in an in-place operation"
@@ -144,7 +144,8 @@ def _run(version, enabled, child=CHILD, notices=None, env=None):
     env = dict({"OMP_NUM_THREADS": "1"}, **(env or {}))
     if not enabled:
         env["HOTFIX_DISABLED_PATCHES"] = PATCH
-    proc = run_python(["-c", child], env=env, pythonpath=[matrix_path("transformers", version)], timeout=300)
+    proc = run_python(["-c", child], env=env, pythonpath=[matrix_path("transformers", version)], timeout=300,
+                      warm=TRANSFORMERS_WARM)
     results = {r["reentrant"]: r for r in json_lines(proc.stdout)}
     assert results, proc.stderr[-3000:]
     if notices is not None:

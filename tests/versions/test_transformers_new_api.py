@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
-from conftest import json_lines, matrix_path, run_python
+from conftest import TRANSFORMERS_WARM, json_lines, matrix_path, run_python
 
 VERSION = "5.23.0"
 CHILD = r"""
@@ -60,7 +60,8 @@ CASES = {
 def _run(disabled):
     cases = [c for c, (upstream, _, _) in CASES.items() if not disabled or upstream is not None]
     env = {"OMP_NUM_THREADS": "1", **({"HOTFIX_DISABLE": "1"} if disabled else {})}
-    proc = run_python(["-c", CHILD, *cases], env=env, pythonpath=[matrix_path("transformers", VERSION)], timeout=400)
+    proc = run_python(["-c", CHILD, *cases], env=env, pythonpath=[matrix_path("transformers", VERSION)], timeout=400,
+                      warm=TRANSFORMERS_WARM)
     results = {r["case"]: r for r in json_lines(proc.stdout)}
     assert set(results) == set(cases), proc.stderr[-3000:]
     return results
@@ -103,6 +104,7 @@ def test_activation_checkpointing_enable_says_nothing_of_the_deprecated_alias():
     hotfix's wrapper there made every model look overridden: each ``activation_checkpointing_enable()`` printed
     "gradient_checkpointing_enable is deprecated" (a crash under ``-W error::FutureWarning``).  Now the alias is
     left unwrapped (it calls the wrapped new method), no warning, and Whisper still trains equal."""
-    proc = run_python(["-c", NO_ALIAS_WARNING], pythonpath=[matrix_path("transformers", "5.24.0")], timeout=300)
+    proc = run_python(["-c", NO_ALIAS_WARNING], pythonpath=[matrix_path("transformers", "5.24.0")], timeout=300,
+                      warm=TRANSFORMERS_WARM)
     (seen,) = json_lines(proc.stdout)
     assert seen == {"transformers": "5.24.0", "alias_warnings": [], "equal": True}, proc.stderr[-3000:]

@@ -67,13 +67,17 @@ def render(phases: List[dict], children: List[dict], wall: float = 0.0, machine:
     child_by_file: Dict[str, float] = collections.Counter()
     upstream_by_file: Dict[str, float] = collections.Counter()
     by_kind: Dict[Tuple[str, str, str], List[float]] = collections.defaultdict(list)
+    forked: Dict[Tuple[str, str, str], List[float]] = collections.defaultdict(list)  # from a warm interpreter
     for child in children:
         name = _file(child["child"])
         child_by_file[name] += child["wall_s"]
         if child["upstream"]:
             upstream_by_file[name] += child["wall_s"]
         releases = ", ".join(child["releases"]) or "(the test venv's)"
-        by_kind[(child["python"], releases, "upstream" if child["upstream"] else "hotfix")].append(child["wall_s"])
+        kind = (child["python"], releases, "upstream" if child["upstream"] else "hotfix")
+        by_kind[kind].append(child["wall_s"])
+        if child.get("warm"):
+            forked[kind].append(child["wall_s"])
     total = sum(by_tier.values())
     lines = ["# Where the test run's time goes", ""]
     when = datetime.date.today().isoformat()
@@ -96,15 +100,21 @@ def render(phases: List[dict], children: List[dict], wall: float = 0.0, machine:
                      for name, seconds in sorted(by_file.items(), key=lambda item: -item[1])[:top]])
     lines += ["", "## Children by environment", ""]
     kinds = sorted(by_kind.items(), key=lambda item: -sum(item[1]))
-    rows = [(python, releases, side, len(times), _minutes(sum(times))) for (python, releases, side), times in kinds[:top]]
+    rows = [(python, releases, side, len(times), _minutes(sum(times)), len(forked[(python, releases, side)]))
+            for (python, releases, side), times in kinds[:top]]
     rest = [time for _, times in kinds[top:] for time in times]
     if rest:
-        rows.append(("%d other environments" % (len(kinds) - top), "", "", len(rest), _minutes(sum(rest))))
-    lines += _table(["interpreter", "releases first on PYTHONPATH", "hotfix", "children", "wall time"], rows)
+        rows.append(("%d other environments" % (len(kinds) - top), "", "", len(rest), _minutes(sum(rest)),
+                     sum(len(forked[kind]) for kind, _ in kinds[top:])))
+    lines += _table(["interpreter", "releases first on PYTHONPATH", "hotfix", "children", "wall time",
+                     "of them forked warm"], rows)
     upstream = sum(sum(times) for (_, _, side), times in by_kind.items() if side == "upstream")
     every = sum(sum(times) for times in by_kind.values())
-    lines += ["", "Children in all: %d, %s; with hotfix off (upstream halves): %s (%.0f %%)."
-              % (len(children), _minutes(every), _minutes(upstream), 100 * upstream / every if every else 0), ""]
+    warm = [time for times in forked.values() for time in times]
+    lines += ["", "Children in all: %d, %s; with hotfix off (upstream halves): %s (%.0f %%); forked from a warm "
+              "interpreter (tests/support/warm_interpreter.py): %d, %s."
+              % (len(children), _minutes(every), _minutes(upstream), 100 * upstream / every if every else 0,
+                 len(warm), _minutes(sum(warm))), ""]
     return "\n".join(lines)
 
 
