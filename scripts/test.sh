@@ -11,6 +11,8 @@
 #                    not need them run); then every other tier (versions, e2e, lab), the side_torch tests last.
 #
 # Extra arguments go to pytest in both stages, e.g.  bash scripts/test.sh -k whisper
+# HOTFIX_TEST_WARM=0 starts every child interpreter fresh (by default a child whose test names what it imports first
+# is forked from a warm interpreter of its environment: tests/support/warm_interpreter.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}

@@ -12,7 +12,8 @@ Two crashes with hotfix active where upstream trains, both in the checkpoint slo
 
 Here hotfix_lab.cases.compile_case runs a tiny Whisper and a tiny Llama under ``torch.compile(backend="eager")``
 in the side venvs scripts/test.sh installs (.matrix/torch-<version>, hotfix from the same wheel,
-transformers 4.56.2 and unsloth-zoo 2026.10.9 from .matrix/), without and with hotfix: both train,
+transformers 4.56.2 and unsloth-zoo 2026.10.9 from .matrix/), without (recorded: tests/evidence/torch-lines.json,
+support/evidence.py) and with hotfix: both train,
 every gradient equal to an uncompiled step without checkpointing, and dynamo compiles the same
 number of graphs and frames, with no recompilation in step 2.  Then the same with a second model of
 the type checkpointing beside it (the slot has no one function to hand dynamo there).  The census
@@ -26,11 +27,16 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from conftest import TRANSFORMERS_WARM, json_lines, matrix_path, run_python
+from support import evidence
 
 TORCH_LINES = ("2.11.0", "2.7.1")  # scripts/test.sh installs each
 pytestmark = pytest.mark.side_torch  # scripts/test.sh runs these after the side torches are installed
 TRANSFORMERS = "4.56.2"
 UNSLOTH_ZOO = "2026.10.9"
+#: what an upstream child is made of (support/evidence.py adds the lab's infrastructure and the comparison rule)
+GUARDS = ("tools/hotfix_lab/cases/compile_case.py", "tests/versions/test_torch_lines.py")
+#: what the tests read of an upstream child: its verdict and dynamo's counts
+FACTS = ("torch", "hotfix", "status", "graphs", "breaks", "frames", "recompiles")
 
 
 def _compile_case(torch, model, function, hotfix, *extra):
@@ -51,11 +57,22 @@ def _compile_case(torch, model, function, hotfix, *extra):
     return out
 
 
+def _upstream(torch, model, function):
+    """The side line's child without hotfix, recorded (tests/evidence/torch-lines.json)."""
+    parts = {"torch": torch, "model": model, "function": function, "transformers": TRANSFORMERS,
+             "unsloth_zoo": UNSLOTH_ZOO if function == "unsloth" else None}
+    return evidence.upstream("torch-lines", f"{torch}:{model}:{function}", parts, GUARDS,
+                             lambda: _compile_case(torch, model, function, False),
+                             lambda result: {key: result.get(key) for key in FACTS})
+
+
 @pytest.mark.parametrize("torch", TORCH_LINES)
 @pytest.mark.parametrize("model,function", [("whisper", "torch"), ("whisper", "unsloth"), ("llama", "torch")])
 def test_compiled_reentrant_checkpointing_trains_as_without_hotfix(torch, model, function):
     with ThreadPoolExecutor(2) as pool:
-        without, with_hotfix = pool.map(lambda on: _compile_case(torch, model, function, on), (False, True))
+        without = pool.submit(_upstream, torch, model, function)
+        with_hotfix = pool.submit(_compile_case, torch, model, function, True)
+        without, with_hotfix = without.result(), with_hotfix.result()
     assert without["status"] == "equal", without  # compiled: upstream trains with equal gradients
     assert with_hotfix["status"] == "equal", with_hotfix  # was: crash (2.11 RecursionError, 2.7 guard check)
     assert [step["missing"] for step in with_hotfix["steps"]] == [0, 0], with_hotfix

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
-from conftest import json_lines, matrix_path, run_python
+from conftest import TRANSFORMERS_WARM, json_lines, matrix_path, run_python
 
 VERSION = "5.23.0"  # the matrix's newest: the same API as 5.24.0 (its new names defer to the old "until v6")
 OLD_NAMES = ("gradient_checkpointing_enable", "gradient_checkpointing_disable", "is_gradient_checkpointing")
@@ -66,7 +66,7 @@ for name, builder in (("whisper-qv-no-hook", tiny_models.whisper_qv_only_no_hook
 def _run(variant, disabled=False):
     env = {"OMP_NUM_THREADS": "1", **({"HOTFIX_DISABLE": "1"} if disabled else {})}
     proc = run_python(["-c", CHILD, variant, ",".join(OLD_NAMES)], env=env,
-                      pythonpath=[matrix_path("transformers", VERSION)], timeout=400)
+                      pythonpath=[matrix_path("transformers", VERSION)], timeout=400, warm=TRANSFORMERS_WARM)
     results = {r["case"]: r for r in json_lines(proc.stdout)}
     assert "status" in results, proc.stderr[-3000:]
     return results
