@@ -18,14 +18,16 @@ process; the cases expected right upstream share one per release) and with ``HOT
 run without hotfix is equal to no checkpointing, the run with it prints no "repaired" line.  Where it
 crashes or is wrong, the run with hotfix is equal and its lines name exactly the fixes written down for
 the case, and each of them matters: opted out alone (``HOTFIX_DISABLED_PATCHES``), the case is no longer
-equal.
+equal.  The walks without hotfix are recorded (tests/evidence/repair-truth.json, support/evidence.py).
 """
 
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from importlib.metadata import version as installed
 
 from conftest import SUPPORT, TRANSFORMERS_WARM, json_lines, matrix_path, repair_notices, run_python
+from support import evidence
 
 LEAF = "transformers-input-grads-leaf"
 LAYER_IO = "transformers-checkpoint-layer-io"
@@ -58,6 +60,23 @@ def _walk(version, items, env=None):
     return results, repair_notices(proc.stderr)
 
 
+#: what an upstream walk is made of (support/evidence.py adds the lab's infrastructure and the comparison rule)
+GUARDS = ("tests/support/repair_walk.py", "tests/e2e/test_repair_truth.py")
+
+
+def _upstream(version, items):
+    """The walk of ``items`` without hotfix, recorded (tests/evidence/repair-truth.json): each case's status, and
+    the "repaired" lines said (none); as ``_walk`` returns it."""
+    def measure():
+        results, lines = _walk(version, items, {"HOTFIX_DISABLE": "1"})
+        return {"statuses": {f"{case}:{mode}": row["status"] for (case, mode), row in results.items()}, "lines": lines}
+
+    parts = {"transformers": version, "items": [f"{case}:{mode}" for case, mode in items], "torch": installed("torch")}
+    value = evidence.upstream("repair-truth", version, parts, GUARDS, measure, lambda result: result)
+    return ({tuple(item.split(":")): {"status": status} for item, status in value["statuses"].items()},
+            value["lines"])
+
+
 def _named(lines):
     return {fix for fix in FIXES for line in lines if f"; {fix}, " in line}
 
@@ -73,7 +92,8 @@ def test_repaired_is_said_only_where_upstream_is_wrong_and_names_the_fixes_that_
                          {"HOTFIX_DISABLED_PATCHES": fix}))
     jobs += [(("hotfix", key), key[0], [key[1:]], None) for key, fixes in CASES.items() if fixes]
     with ThreadPoolExecutor(2) as pool:
-        runs = dict(zip([job[0] for job in jobs], pool.map(lambda job: _walk(*job[1:]), jobs)))
+        runs = dict(zip([job[0] for job in jobs], pool.map(
+            lambda job: _upstream(job[1], job[2]) if job[0][0] == "upstream" else _walk(*job[1:]), jobs)))
 
     problems = []
     for key, expected in CASES.items():

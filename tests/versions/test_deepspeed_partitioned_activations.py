@@ -25,6 +25,7 @@ import torch  # its release names DeepSpeed's extensions folder (the children ru
 
 from hotfix_lab.infra import deepspeed_env
 from conftest import TRANSFORMERS_WARM, free_port, json_lines, matrix_path, repair_notices, run_python
+from support import evidence
 
 CHILD = r"""
 import json, sys
@@ -70,6 +71,8 @@ UPSTREAM_ERROR = {"4.56.2": "not enough values to unpack", "5.23.0": "0D and 2D"
 # before its encoder states, with cpu_checkpointing alone (no shift there) the encoder states kept whole
 REPAIRED = {("4.56.2", "partition"): "tuple of one", ("5.23.0", "partition"): "non-tensor positional input",
             ("4.56.2", "cpu"): "tuple of one", ("5.23.0", "cpu"): "kept whole"}
+#: what an upstream half is made of (support/evidence.py adds the lab's infrastructure and the comparison rule)
+GUARDS = ("tests/versions/test_deepspeed_partitioned_activations.py",)
 
 
 def _run(version, group, hotfix):
@@ -87,13 +90,22 @@ def _cases(group):
     return [f"{recipe}:{options}" for recipe in ("whisper", "whisper-lora") for options in OPTIONS[group]]
 
 
+def _upstream(version, group):
+    """The child without hotfix, recorded (tests/evidence/deepspeed-partitioned-activations.json): each case's error
+    text, and the repair lines said (none)."""
+    parts = {"transformers": version, "group": group, "deepspeed": DEEPSPEED, "torch": torch.__version__}
+    return evidence.upstream("deepspeed-partitioned-activations", f"{version}:{group}", parts, GUARDS,
+                             lambda: _run(version, group, False), lambda result: result)
+
+
 @pytest.mark.parametrize("group", list(OPTIONS))
 @pytest.mark.parametrize("version", VERSIONS)
 def test_partitioned_activations_fail_upstream_and_train_equal_with_hotfix(version, group):
     """``cpu``: cpu_checkpointing alone, its accelerator path (DeepSpeed's host copy a tensor of its own, as the child
     stands in for): the encoder's states every decoder layer reads are emptied after the first (5.23.0)."""
     with ThreadPoolExecutor(2) as pool:
-        (upstream, upstream_notices), (fixed, notices) = pool.map(lambda on: _run(version, group, on), [False, True])
+        upstream, fixed = pool.submit(_upstream, version, group), pool.submit(_run, version, group, True)
+        (upstream, upstream_notices), (fixed, notices) = upstream.result(), fixed.result()
     assert upstream_notices == []
     for case in _cases(group):
         assert UPSTREAM_ERROR[version] in upstream[case].get("error", ""), (case, upstream[case])

@@ -20,6 +20,7 @@ import torch  # its release names DeepSpeed's extensions folder (the children ru
 
 from hotfix_lab.infra import deepspeed_env
 from conftest import TRANSFORMERS_WARM, hotfix_lines, json_lines, matrix_path, run_python
+from support import evidence
 
 CHILD = r"""
 import functools, json, sys
@@ -79,6 +80,8 @@ VERSIONS = ["4.56.2", "5.23.0"]
 FUNCTIONS = ["torch", "unsloth", "deepspeed"]
 DEEPSPEED = "0.19.8"
 REPAIRED = ["dict", "UserDict", "OrderedDict", "defaultdict", "SharedStorage"]
+#: what an upstream half is made of (support/evidence.py adds the lab's infrastructure and the comparison rule)
+GUARDS = ("tests/versions/test_shared_state_mappings.py", "tests/support/shared_state_cases.py")
 
 
 def _run(version, function, hotfix):
@@ -95,11 +98,21 @@ def _run(version, function, hotfix):
     return rows, hotfix_lines(proc.stderr)
 
 
+def _upstream(version, function):
+    """The child without hotfix, recorded (tests/evidence/shared-state-mappings.json): every row is a verdict or an
+    error text, and the lines hotfix printed (none)."""
+    parts = {"transformers": version, "function": function, "torch": torch.__version__,
+             "release": {"unsloth": "unsloth-zoo 2026.10.9", "deepspeed": f"deepspeed {DEEPSPEED}"}.get(function)}
+    return evidence.upstream("shared-state-mappings", f"{version}:{function}", parts, GUARDS,
+                             lambda: _run(version, function, False), lambda result: result)
+
+
 @pytest.mark.parametrize("function", FUNCTIONS)
 @pytest.mark.parametrize("version", VERSIONS)
 def test_shared_mappings_upstream_and_with_hotfix(version, function):
     with ThreadPoolExecutor(2) as pool:
-        upstream, fixed = pool.map(lambda on: _run(version, function, on), [False, True])
+        upstream, fixed = pool.submit(_upstream, version, function), pool.submit(_run, version, function, True)
+        upstream, fixed = upstream.result(), fixed.result()
     upstream, upstream_lines = upstream
     fixed, lines = fixed
     assert upstream_lines == []
