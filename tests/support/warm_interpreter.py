@@ -205,14 +205,23 @@ class _Server:
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                         text=True, bufsize=1)
         self.ready: Optional[bool] = None
+        self._unread = b""  # what was read of the server's answers and not yet taken (read from the pipe itself)
 
     def answer(self, timeout: Optional[float]) -> Optional[dict]:
-        """The server's next line (None: it ended, or said nothing within ``timeout`` seconds)."""
-        stream = self.process.stdout
-        if timeout is not None and not select.select([stream], [], [], max(timeout, 0))[0]:
-            return None
-        line = stream.readline()
-        return json.loads(line) if line else None
+        """The server's next line; None where it ended.  ``TimeoutError`` where it said nothing within ``timeout``
+        seconds.  Read by ``os.read``: a buffered reader could hold the next line while ``select`` waits for more."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        fd = self.process.stdout.fileno()
+        while b"\n" not in self._unread:
+            left = None if deadline is None else max(deadline - time.monotonic(), 0)
+            if not select.select([fd], [], [], left)[0]:
+                raise TimeoutError
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                return None
+            self._unread += chunk
+        line, self._unread = self._unread.split(b"\n", 1)
+        return json.loads(line)
 
     def close(self) -> None:
         try:
@@ -258,14 +267,20 @@ class WarmInterpreters:
                 server.close()
                 server = None
             if server is None:
-                while len(self._servers) >= self.keep:
-                    self._servers.pop(next(iter(self._servers))).close()
+                for old in list(self._servers):  # the least recently used first, never one serving a child now
+                    if len(self._servers) < self.keep:
+                        break
+                    if self._servers[old].lock.acquire(blocking=False):
+                        self._servers.pop(old).close()
                 server = _Server(python, safe_path, env, warm, self.scratch)
             self._servers[key] = server  # last: the most recently used
         if server.ready is None:
             with server.lock:
                 if server.ready is None:
-                    first = server.answer(600)
+                    try:
+                        first = server.answer(600)
+                    except TimeoutError:
+                        first = None
                     server.ready = bool(first and first.get("ready"))
         if not server.ready:
             return None
@@ -283,18 +298,26 @@ class WarmInterpreters:
                 server.process.stdin.flush()
             except OSError:
                 return None
-            started = server.answer(30)
+            try:
+                started = server.answer(30)
+            except TimeoutError:
+                started = None
             if not started or "pid" not in started:
                 return None
-            deadline = None if timeout is None else time.monotonic() + timeout
-            ended = server.answer(None if deadline is None else deadline - time.monotonic())
-            if ended is None:
+            try:
+                ended = server.answer(timeout)
+            except TimeoutError:
                 try:
                     os.killpg(started["pid"], signal.SIGKILL)
                 except OSError:
                     pass
-                server.answer(30)
+                try:
+                    server.answer(30)  # its status, once it is gone
+                except TimeoutError:
+                    pass
                 raise subprocess.TimeoutExpired([python, *args], timeout, output=_read(out), stderr=_read(err))
+            if ended is None:  # the server ended under the child: the caller runs it fresh
+                return None
             return subprocess.CompletedProcess([python, *args], ended["rc"], _read(out), _read(err))
 
     def close(self) -> None:

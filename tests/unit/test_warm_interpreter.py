@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -116,3 +117,27 @@ def test_each_child_draws_what_a_fresh_interpreter_draws(warm_env):
     drawn = [pool.run(["-c", code], env=env, cwd=str(cwd), timeout=60, python=sys.executable,
                       warm=("multiprocessing", "random")).stdout.split() for _ in range(2)]
     assert drawn[0][0] != drawn[1][0] and drawn[0][1] != drawn[1][1]
+
+
+def test_a_server_serving_a_child_is_never_closed_to_make_room(warm_env):
+    """At most ``keep`` servers: the least recently used idle one goes, never one whose child runs (that child would
+    read as timed out)."""
+    import threading
+
+    _, env, cwd = warm_env
+    pool = WarmInterpreters(str(cwd), keep=1)
+    try:
+        done = {}
+        slow = threading.Thread(target=lambda: done.update(slow=pool.run(
+            ["-c", "import time; time.sleep(3); print('slept')"], env=env, cwd=str(cwd), timeout=60,
+            python=sys.executable, warm=("warm_probe",))))
+        slow.start()
+        time.sleep(1.5)  # the slow child runs
+        other = pool.run(["-c", "print('other')"], env=dict(env, OTHER="1"), cwd=str(cwd), timeout=60,
+                         python=sys.executable, warm=("warm_probe",))
+        assert slow.is_alive()  # the other child did not wait for the slow one's server to be closed
+        slow.join()
+        assert other.stdout.splitlines()[1] == "other"
+        assert done["slow"].returncode == 0 and done["slow"].stdout.splitlines()[1] == "slept"
+    finally:
+        pool.close()
