@@ -141,3 +141,28 @@ def test_a_server_serving_a_child_is_never_closed_to_make_room(warm_env):
         assert done["slow"].returncode == 0 and done["slow"].stdout.splitlines()[1] == "slept"
     finally:
         pool.close()
+
+
+def test_two_answers_in_one_read_are_both_taken():
+    """The server writes a child's pid, then its status: a fast child's two lines can arrive in one read.  Each is
+    answered at once (a buffered reader held the second while select waited for more: a spurious 60 s timeout in
+    the rehearsal of 0895748)."""
+    import os
+    import types
+
+    from warm_interpreter import _Server
+
+    read_end, write_end = os.pipe()
+    server = object.__new__(_Server)
+    server.process = types.SimpleNamespace(stdout=types.SimpleNamespace(fileno=lambda: read_end))
+    server._unread = b""
+    try:
+        os.write(write_end, b'{"pid": 1}\n{"rc": 0}\n')
+        assert server.answer(1) == {"pid": 1}
+        assert server.answer(1) == {"rc": 0}
+        with pytest.raises(TimeoutError):
+            server.answer(0.2)
+        os.close(write_end)
+        assert server.answer(1) is None  # the server ended
+    finally:
+        os.close(read_end)
