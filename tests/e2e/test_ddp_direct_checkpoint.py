@@ -18,6 +18,9 @@ parameter without gradient equals only one without gradient):
 * ``+join`` (uneven inputs: rank r has r+1 batches, under ``ddp.join()``), ``+no_sync`` (accumulation),
   ``+static_graph`` (DDP does not search: hotfix leaves it alone).
 
+The launches without hotfix are recorded (tests/evidence/ddp-direct-checkpoint.json, support/evidence.py): each
+rank's verdict and error per case, and the repair lines said (none).
+
 DDP's advice ("did not find any unused parameters ... consider turning this flag off") is printed by torch once per
 process, so each probe runs in a process of its own (one rank: DDP's search is local to a rank).
 """
@@ -26,11 +29,13 @@ from __future__ import annotations
 
 import json
 from concurrent.futures import ThreadPoolExecutor
+from importlib.metadata import version as installed
 
 import pytest
 
 from conftest import DDP_WARM, launch_ranks, matrix_path, repair_notices, run_python
 from hotfix_lab.infra.rank_results import LOOPBACK
+from support import evidence
 
 FIX = "torch-ddp-find-unused"
 FIND_UNUSED = "Expected to mark a variable ready only once"
@@ -43,6 +48,8 @@ TWO_RANKS = ["direct:blocks", "direct:remote", "direct:moe", "direct:blocks+join
 ZOO = "2026.10.9"
 FOUR_RANKS = ["direct:blocks", "direct:remote", "direct:blocks+no_sync"]
 TIMEOUT_S = 300
+#: what an upstream launch is made of (support/evidence.py adds the lab's infrastructure and the comparison rule)
+GUARDS = ("tools/hotfix_lab/cases/ddp_cases.py", "tests/e2e/test_ddp_direct_checkpoint.py")
 
 
 def launch(folder, cases, ranks, *, disabled=False):
@@ -53,14 +60,37 @@ def launch(folder, cases, ranks, *, disabled=False):
     return results, proc.stderr
 
 
+def _facts(value):
+    """What a re-measured upstream launch must show: per rank, hotfix off, the world, each case's verdict and error."""
+    return {"notices": value["notices"],
+            "ranks": {rank: {"hotfix_loaded": result["hotfix_loaded"], "world": result["world"],
+                             "cases": {case: [found["ok"], found.get("equal"), (found.get("error") or "")[:80]]
+                                       for case, found in result["cases"].items()}}
+                      for rank, result in value["results"].items()}}
+
+
+def upstream_launch(folder, cases, ranks):
+    """``launch(..., disabled=True)``, recorded (tests/evidence/ddp-direct-checkpoint.json): (results, stderr's
+    repair lines)."""
+    def measure():
+        results, stderr = launch(folder, cases, ranks, disabled=True)
+        return {"results": results, "notices": repair_notices(stderr)}
+
+    parts = {"ranks": ranks, "cases": cases, "torch": installed("torch"), "transformers": installed("transformers"),
+             "unsloth_zoo": ZOO}
+    value = evidence.upstream("ddp-direct-checkpoint", f"{ranks} ranks", parts, GUARDS, measure, _facts)
+    return value["results"], "\n".join(value["notices"])
+
+
 @pytest.fixture(scope="module")
 def launches(tmp_path_factory):
     folder = tmp_path_factory.mktemp("direct")
     runs = {("upstream", 2): TWO_RANKS, ("hotfix", 2): TWO_RANKS, ("upstream", 4): FOUR_RANKS,
             ("hotfix", 4): FOUR_RANKS}
     with ThreadPoolExecutor(2) as pool:
-        futures = {key: pool.submit(launch, folder / f"{key[0]}-{key[1]}", cases, key[1],
-                                    disabled=key[0] == "upstream") for key, cases in runs.items()}
+        futures = {key: pool.submit(upstream_launch, folder / f"{key[0]}-{key[1]}", cases, key[1]) if key[0] == "upstream"
+                   else pool.submit(launch, folder / f"{key[0]}-{key[1]}", cases, key[1])
+                   for key, cases in runs.items()}
         return {key: future.result() for key, future in futures.items()}
 
 
