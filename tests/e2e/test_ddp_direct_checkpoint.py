@@ -88,8 +88,8 @@ def launches(tmp_path_factory):
     runs = {("upstream", 2): TWO_RANKS, ("hotfix", 2): TWO_RANKS, ("upstream", 4): FOUR_RANKS,
             ("hotfix", 4): FOUR_RANKS}
     with ThreadPoolExecutor(2) as pool:
-        futures = {key: pool.submit(upstream_launch, folder / f"{key[0]}-{key[1]}", cases, key[1]) if key[0] == "upstream"
-                   else pool.submit(launch, folder / f"{key[0]}-{key[1]}", cases, key[1])
+        futures = {key: pool.submit(upstream_launch if key[0] == "upstream" else launch,
+                                    folder / f"{key[0]}-{key[1]}", cases, key[1])
                    for key, cases in runs.items()}
         return {key: future.result() for key, future in futures.items()}
 

@@ -35,8 +35,8 @@ TIMEOUT_S = 300
 
 def launch(folder, cases, ranks, *, disabled):
     """``ranks`` processes of the rank script (torchrun for 2; one process, WORLD_SIZE=1, for 1; none: plain)."""
-    results, proc = launch_ranks(folder, "hotfix_lab.cases.wrapper_cases", cases, ranks, disabled=disabled, timeout=TIMEOUT_S,
-                                    warm=DDP_WARM)
+    results, proc = launch_ranks(folder, "hotfix_lab.cases.wrapper_cases", cases, ranks, disabled=disabled,
+                                 timeout=TIMEOUT_S, warm=DDP_WARM)
     return results, proc.stderr
 
 

@@ -36,12 +36,13 @@ PER_CHILD = frozenset({"MASTER_PORT", "PYTEST_CURRENT_TEST"})
 #: what the server module is called in its own interpreter (removed from the child's ``sys.modules``)
 SERVER_NAME = "_hotfix_warm_interpreter"
 
-_BOOT = ("import importlib.util as u, sys; s = u.spec_from_file_location({name!r}, {path!r}); m = u.module_from_spec(s); "
-         "sys.modules[s.name] = m; s.loader.exec_module(m); m.serve({warm!r}, {safe_path!r})")
+_BOOT = ("import importlib.util as u, sys; s = u.spec_from_file_location({name!r}, {path!r}); "
+         "m = u.module_from_spec(s); sys.modules[s.name] = m; s.loader.exec_module(m); "
+         "m.serve({warm!r}, {safe_path!r})")
 
 
 def parse(args: Sequence[str]) -> Optional[Tuple[bool, str, str, List[str]]]:
-    """``(safe_path, kind, target, rest)`` for a supported command line (kind ``-c``, ``-m`` or ``script``), else None."""
+    """``(safe_path, kind, target, rest)`` of a supported command line (kind ``-c``, ``-m`` or ``script``), or None."""
     args = list(args)
     safe_path = bool(args) and args[0] == "-P"
     if safe_path:
@@ -92,7 +93,7 @@ def _exit_status(code: object) -> int:
 
 
 def _child(request: dict, prefix: Tuple[bytes, bytes], reply_fd: int) -> None:
-    """In the forked process: become ``python ARGS`` run in ``cwd`` with output in the request's files; never returns."""
+    """In the forked process: become ``python ARGS`` run in ``cwd``, output in the request's files; never returns."""
     status = 1
     try:
         os.setpgid(0, 0)  # its own group: a timeout stops what it started too

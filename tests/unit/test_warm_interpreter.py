@@ -19,7 +19,8 @@ SELF_REPORT = textwrap.dedent("""
     import warm_probe
     print(json.dumps({"argv": sys.argv, "path0": sys.path[0], "name": __name__, "cwd": os.getcwd(),
                       "imported_here": warm_probe.PID == os.getpid(), "touched": getattr(warm_probe, "touched", False),
-                      "main": sys.modules["__main__"].__dict__.get("MARK"), "server": "_hotfix_warm_interpreter" in sys.modules}))
+                      "main": sys.modules["__main__"].__dict__.get("MARK"),
+                      "server": "_hotfix_warm_interpreter" in sys.modules}))
     warm_probe.touched = True
     MARK = 1
     sys.exit(int(sys.argv[-1]))
@@ -113,7 +114,8 @@ def test_each_child_draws_what_a_fresh_interpreter_draws(warm_env):
     """multiprocessing's authkey names a job: hotfix says each repair notice once per job (hotfix.notice), so
     children of one server sharing the server's key would silence each other's notices."""
     pool, env, cwd = warm_env
-    code = "import random; from multiprocessing import current_process; print(current_process().authkey.hex(), random.random())"
+    code = ("import random; from multiprocessing import current_process; "
+            "print(current_process().authkey.hex(), random.random())")
     drawn = [pool.run(["-c", code], env=env, cwd=str(cwd), timeout=60, python=sys.executable,
                       warm=("multiprocessing", "random")).stdout.split() for _ in range(2)]
     assert drawn[0][0] != drawn[1][0] and drawn[0][1] != drawn[1][1]
