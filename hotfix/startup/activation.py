@@ -251,6 +251,13 @@ class ActivateOnFirstImport:
         self.unwatch_torch()  # torch's own objects back in place before hotfix applies its fixes
         self.activate_when_possible()
 
+    def finish(self):
+        """hotfix is active, however it came to be (``import hotfix`` before or after torch, a trigger): nothing is
+        left to activate.  The watches come off torch's objects and none is put later: put by a later ``import
+        torch`` over the fixes' wrappers, a watch kept them from a revert (its first call put them back)."""
+        self.finished = True
+        self.unwatch_torch()
+
     def unwatch_torch(self):
         watches, self._watches = self._watches, []
         self._checkpoint_due = False

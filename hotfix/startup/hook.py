@@ -62,8 +62,12 @@ CHECKPOINT_FUNCTION = BOOT.CHECKPOINT_FUNCTION
 
 
 def stop_watching_torch() -> None:
-    """Take the start-up finder's watches off torch's objects (``boot.WATCHED``): hotfix activates, however it came
-    to (``import hotfix`` after torch, a trigger), and its fixes attach to torch's own objects, never to a watch."""
+    """hotfix activates, however it came to (``import hotfix`` before or after torch, a trigger): the start-up
+    finder's work is done (``finish``).  Its watches come off torch's objects (``boot.WATCHED``) and none is put by a
+    later ``import torch``, so that the fixes attach to torch's own objects, never to a watch, and a revert leaves
+    torch's own in place (a watch standing over the fixes' wrappers put them back at its first call)."""
     for finder in list(sys.meta_path):
-        if type(finder).__name__ == BOOT.ActivateOnFirstImport.__name__ and hasattr(finder, "unwatch_torch"):
-            finder.unwatch_torch()
+        if type(finder).__name__ == BOOT.ActivateOnFirstImport.__name__:
+            finish = getattr(finder, "finish", None)
+            if finish is not None:
+                finish()
