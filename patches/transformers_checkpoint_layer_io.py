@@ -59,7 +59,8 @@ def checkpoint_with_lifted_inputs(fix: CheckpointFunctionFix) -> Callable:
             return wrapped(*args, **kwargs)
         function, inputs = args[0], args[1:]
         writes = None
-        if not hides_nothing(function, inputs):
+        nothing_hidden = hides_nothing(function, inputs)  # handed down: the frozen-inputs fix need not look again
+        if not nothing_hidden:
             packed = packed_upstream(wrapped, function)  # torch's checkpoint_wrapper made these inputs itself
             watched = SharedStateWrites.around(function, inputs, warn=fix.warn_once)
             if watched is UNSAFE:  # a mapping without a private copy: the call as upstream makes it (said once)
@@ -76,7 +77,8 @@ def checkpoint_with_lifted_inputs(fix: CheckpointFunctionFix) -> Callable:
                     fix.repaired("tensors passed by keyword became checkpoint inputs")
                 if not first_input_needs_grad(inputs) and first_input.needs_grad_first():
                     function, inputs = anchored(function, inputs, first=True)
-        outputs = FlatOutputs(function, writes, notice=None if unused_claimed else notice_unused_outputs)
+        outputs = FlatOutputs(function, writes, notice=None if unused_claimed else notice_unused_outputs,
+                              nothing_hidden=nothing_hidden)
         result = wrapped(outputs, *inputs, **kwargs)
         # one tensor back from a layer that nests nothing (the usual call): no outputs to watch, nothing to rebuild
         # (a nested output comes back as a tuple, or bare from a checkpoint that unwraps a tuple of one: rebuilt)

@@ -30,8 +30,8 @@ def checkpoint_with_anchor(fix: CheckpointFunctionFix) -> Callable:
     """
     import torch
 
-    from hotfix.checkpointing.inputs import anchored, is_reentrant, layer_call
-    from hotfix.checkpointing.layer_call import layer_of
+    from hotfix.checkpointing.inputs import anchored, is_reentrant
+    from hotfix.checkpointing.layer_call import LayerCallWrapper, layer_call, layer_of
     from hotfix.checkpointing.structure import find_grad_tensors
     from hotfix.checkpointing.unsloth import FirstInputRule
 
@@ -45,15 +45,18 @@ def checkpoint_with_anchor(fix: CheckpointFunctionFix) -> Callable:
         if not args or not is_grad_enabled() or not is_reentrant(wrapped, kwargs):
             return wrapped(*args, **kwargs)
         function, inputs = args[0], args[1:]
-        found: list = []
-        seen: set = set()
-        find_grad_tensors(inputs, found, seen)
-        call = layer_call(function)  # the partial itself, also when another fix wrapped it
-        if isinstance(call, functools.partial):
-            find_grad_tensors(call.args, found, seen)
-            find_grad_tensors(call.keywords, found, seen)
-        if found:  # the checkpoint node exists (or the keyword fix's case): leave it
-            return wrapped(*args, **kwargs)
+        call = layer_call(function)  # the partial itself, as handed down where another fix wrapped it
+        # Where the fix outside found nothing reaching the layer but these inputs (its wrapper says so), none of which
+        # needs grad (above), nothing is left to search
+        if not (isinstance(function, LayerCallWrapper) and function.nothing_hidden):
+            found: list = []
+            seen: set = set()
+            find_grad_tensors(inputs, found, seen)
+            if isinstance(call, functools.partial):
+                find_grad_tensors(call.args, found, seen)
+                find_grad_tensors(call.keywords, found, seen)
+            if found:  # the checkpoint node exists (or the keyword fix's case): leave it
+                return wrapped(*args, **kwargs)
         layer = layer_of(call)
         if layer is None or not layer.training or not any(p.requires_grad for p in layer.parameters()):
             return wrapped(*args, **kwargs)

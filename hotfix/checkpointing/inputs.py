@@ -27,7 +27,7 @@ from hotfix.checkpointing.slot import STORED_MODE, non_reentrant
 from hotfix.checkpointing.structure import find_grad_tensors, hides_nothing, is_tensor, rebuild
 
 __all__ = ["anchored", "first_input_needs_grad", "lift_closure_tensors", "find_grad_tensors", "hides_nothing",
-           "is_reentrant", "layer_call"]
+           "is_reentrant"]
 
 
 def is_reentrant(checkpoint: Any, kwargs: dict) -> bool:
@@ -44,17 +44,6 @@ def is_reentrant(checkpoint: Any, kwargs: dict) -> bool:
         stored = getattr(checkpoint, STORED_MODE, None)
         return not non_reentrant(checkpoint) if stored is None else stored
     return bool(value)
-
-
-def layer_call(function: Any) -> Any:
-    """The layer call (a partial, where it is one) inside wrappers that name it in ``__wrapped__`` (``checkpointing.layer_call``)."""
-    for _ in range(8):
-        inner = getattr(function, "__wrapped__", None) if not isinstance(function, functools.partial) else None
-        if inner is None or inner is function:
-            return function
-        function = inner
-    return function
-
 
 
 def _substitute(value: Any, replacement: dict) -> Any:

@@ -5,8 +5,9 @@ A checkpoint function is handed the layer's call: a bound ``layer.__call__`` / `
 ``custom_forward(module)`` closure.  :func:`modules_called` is the one lookup of the modules behind such a
 call, for every fix that needs the layer (frozen inputs, DDP, the forks' checkpoints, the wrappers below):
 breadth first, nearest first and never into a module, through partials (the modules among their bound
-arguments, then their function), ``__self__`` (bound methods; hotfix's wrappers), ``__wrapped__`` chains
-and closure cells (a module, a callable, or a tuple / list of modules: a sequence's segment runner).  :func:`layer_of` is the nearest of them.
+arguments, then their function), hotfix's wrappers (the call they were handed), ``__self__`` (bound methods),
+``__wrapped__`` chains and closure cells (a module, a callable, or a tuple / list of modules: a sequence's segment
+runner).  :func:`layer_of` is the nearest of them.
 
 hotfix's fixes hand the checkpoint function their own wrapper of the call instead (``FlatOutputs``,
 ``SharedStateWrites``; the lifting, anchor and DDP closures, each in a :class:`ShownCall`), and third-party
@@ -17,6 +18,8 @@ when read; absent where none is found, as on the call).  Never ``func``/``args``
 a checkpoint function re-making the call from them would run the layer without the wrapper (lifted inputs,
 anchor, parameter twins).  One that calls ``__self__`` in place of the function it is handed (axolotl's
 offload wrappers) bypasses the wrapper just the same: axolotl-offload-checkpoint replaces those wrappers.
+A wrapper is handed what the one it wraps knows when it is made (the caller's call, the inputs hotfix added to it):
+a fix further in reads that, never stepping through the wrappers of the fixes outside it (issue 52).
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ from typing import Any, Callable, Iterator, List, Optional, Tuple
 
 from torch import nn
 
-__all__ = ["LayerCallWrapper", "ShownCall", "inputs_added", "layer_of", "modules_called", "modules_maybe_called"]
+__all__ = ["LayerCallWrapper", "ShownCall", "inputs_added", "layer_call", "layer_of", "modules_called",
+           "modules_maybe_called"]
 
 #: how many objects one lookup looks at (partials of partials, wrappers of wrappers, closures of closures)
 SEARCH_LIMIT = 32
@@ -48,6 +52,9 @@ def _modules(function: Any, sequences: Optional[set] = None) -> Iterator[nn.Modu
         if isinstance(item, functools.partial):
             pending.extend(arg for arg in item.args if isinstance(arg, nn.Module))  # 5.x: partial(forward, layer)
             pending.append(item.func)
+            continue
+        if isinstance(item, LayerCallWrapper):  # hotfix's wrapper: the caller's call it was handed at its making
+            pending.append(item.shown)
             continue
         owner = getattr(item, "__self__", None)  # bound layer.__call__ / super().__call__, a hotfix wrapper
         if isinstance(owner, nn.Module):
@@ -92,18 +99,51 @@ def layer_of(function: Any) -> Optional[nn.Module]:
     return next(_modules(function), None)
 
 
-class LayerCallWrapper:
-    """Base of hotfix's wrappers of a layer call, which set ``__wrapped__``: ``__self__`` is the layer.
+#: what a wrapper of a call that added no input holds as ``added_inputs``
+NOTHING_ADDED: frozenset = frozenset()
 
-    Looked up when read, not when a wrapper is made: most checkpointed calls are never asked.
+
+def layer_call(function: Any) -> Any:
+    """The caller's layer call (a partial, where it is one) behind ``function``: what the outermost hotfix wrapper
+    was handed (:attr:`LayerCallWrapper.shown`), inside the ``__wrapped__`` of other wrappers (a ``functools.wraps``
+    or wrapt wrapper of the call; at most :data:`SEARCH_LIMIT`)."""
+    for _ in range(SEARCH_LIMIT):
+        if isinstance(function, LayerCallWrapper):
+            function = function.shown
+        inner = getattr(function, "__wrapped__", None) if not isinstance(function, functools.partial) else None
+        if inner is None or inner is function:
+            return function
+        function = inner
+    return function
+
+
+class LayerCallWrapper:
+    """Base of hotfix's wrappers of a layer call: ``__wrapped__`` (the call it wraps), ``__self__`` (the layer).
+
+    Each wrapper is handed the facts of the call it wraps when it is made (:meth:`_wrap`), so that no fix steps
+    through another's wrappers to read them: ``shown``, the call the outermost of them was handed (the caller's:
+    :func:`layer_call`, ``__self__``), and ``added_inputs``, the ids of the inputs hotfix's rewrites of it put beside
+    the caller's (:func:`inputs_added`).
+    The layer (``__self__``) is looked up when read, not when a wrapper is made: most checkpointed calls are never
+    asked.
     """
 
-    __slots__ = ()
-    __wrapped__: Callable
+    __slots__ = ("__wrapped__", "shown", "added_inputs")
+    #: True where the fix that made the wrapper found that nothing reaches the layer but the positional inputs handed
+    #: with it (``structure.hides_nothing``): a fix further in need not search the call for tensors needing grad
+    nothing_hidden = False
+
+    def _wrap(self, function: Callable, added: Tuple[Any, ...] = ()) -> None:
+        self.__wrapped__ = function
+        if isinstance(function, LayerCallWrapper):
+            self.shown, inner = function.shown, function.added_inputs
+        else:
+            self.shown, inner = function, NOTHING_ADDED
+        self.added_inputs = inner.union(map(id, added)) if added else inner
 
     @property
     def __self__(self) -> nn.Module:
-        layer = layer_of(self.__wrapped__)
+        layer = layer_of(self.shown)
         if layer is None:
             raise AttributeError("__self__")  # as on a call that shows no layer
         return layer
@@ -112,16 +152,16 @@ class LayerCallWrapper:
 class ShownCall(LayerCallWrapper):
     """``run``, a function that calls ``function`` in some other way (a call rewrite), showing its layer.
 
-    ``added``: the inputs this rewrite put beside the caller's (lifted keyword tensors, an anchor, parameters), so
-    that a fix further in can tell the caller's inputs from hotfix's (:func:`inputs_added`).
+    ``added``: the inputs this rewrite put beside the caller's (lifted keyword tensors, an anchor, parameters): their
+    ids join ``added_inputs``, so that a fix further in can tell the caller's inputs from hotfix's
+    (:func:`inputs_added`).
     """
 
-    __slots__ = ("_run", "__wrapped__", "added")
+    __slots__ = ("_run",)
 
     def __init__(self, run: Callable, function: Any, added: Tuple[Any, ...] = ()) -> None:
         self._run = run
-        self.__wrapped__ = function
-        self.added = added
+        self._wrap(function, added)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self._run(*args, **kwargs)
@@ -130,13 +170,7 @@ class ShownCall(LayerCallWrapper):
         return f"<hotfix {getattr(self._run, '__name__', 'call')} of {self.__wrapped__!r}>"
 
 
-def inputs_added(function: Any) -> set:
-    """The ids of the inputs hotfix's rewrites of ``function`` put beside the caller's (their ``added``), through
-    hotfix's wrappers only (``__wrapped__`` of each :class:`LayerCallWrapper`, at most :data:`SEARCH_LIMIT`)."""
-    found: set = set()
-    for _ in range(SEARCH_LIMIT):
-        if not isinstance(function, LayerCallWrapper):
-            break
-        found.update(id(item) for item in getattr(function, "added", ()))
-        function = function.__wrapped__
-    return found
+def inputs_added(function: Any) -> frozenset:
+    """The ids of the inputs hotfix's rewrites of ``function`` put beside the caller's (``added_inputs``, handed down
+    from wrapper to wrapper as each was made); none for a call hotfix did not wrap."""
+    return function.added_inputs if isinstance(function, LayerCallWrapper) else NOTHING_ADDED

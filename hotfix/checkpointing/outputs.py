@@ -112,16 +112,18 @@ class FlatOutputs(LayerCallWrapper):
     ``writes``: the watcher of the same call, whose stored tensors become outputs too.
     ``notice``: called (at the end of that backward) when detaching an unused output left a parameter
     without the zero gradient upstream gives it; None: not asked.
+    ``nothing_hidden``: the maker found that nothing reaches the layer but the positional inputs handed with it.
     """
 
     # slots: one is made per checkpointed call (the common call pays for its making, tools/hotfix_lab/bench/wrapper_cost.py);
     # ``__dict__`` made only where a checkpoint function sets an attribute of its own on the function it is handed
-    __slots__ = ("__wrapped__", "_writes", "_notice", "_skeleton", "_replay", "_unused", "nested", "__weakref__",
+    __slots__ = ("_writes", "_notice", "_skeleton", "_replay", "_unused", "nested", "nothing_hidden", "__weakref__",
                  "__dict__")
 
     def __init__(self, function: Callable, writes: Optional[Any] = None,
-                 notice: Optional[Callable[[], None]] = None) -> None:
-        self.__wrapped__ = function  # what the layer call is (other wrappers and checkpoint functions look through us)
+                 notice: Optional[Callable[[], None]] = None, nothing_hidden: bool = False) -> None:
+        self._wrap(function)  # what the layer call is (checkpoint functions look through us; fixes read ``shown``)
+        self.nothing_hidden = nothing_hidden
         self._writes = writes
         self._notice = notice
         self._skeleton: Any = None

@@ -71,10 +71,10 @@ class RegionCall(LayerCallWrapper):
     backward.  A :class:`~hotfix.checkpointing.layer_call.LayerCallWrapper`: it shows the layer it runs.
     """
 
-    __slots__ = ("__wrapped__", "region", "_calls")
+    __slots__ = ("region", "_calls")
 
     def __init__(self, function: Callable) -> None:
-        self.__wrapped__ = function
+        self._wrap(function)
         self.region = Region()
         self._calls = 0
 

@@ -128,7 +128,7 @@ class SharedStateWrites(LayerCallWrapper):
 
     def __init__(self, function: Callable, callers: Dict[int, Any], origin: Dict[int, Tuple[Any, Any]],
                  warn: Optional[Warn]) -> None:
-        self.__wrapped__ = function  # what the layer call is (other wrappers look through us)
+        self._wrap(function)  # what the layer call is (fixes further in read ``shown``)
         self._callers = callers  # id(snapshot handed to the call) -> the caller's state; forward only
         self._origin = origin  # id(container of a snapshot) -> (that container, the caller's); forward only
         self._warn = warn

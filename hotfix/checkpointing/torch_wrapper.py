@@ -93,7 +93,7 @@ def packed_upstream(checkpoint: Any, call: Any) -> frozenset:
     passed as checkpoint inputs: those of a call through a :class:`PackedKeywords`, else none."""
     if not isinstance(checkpoint, PackedKeywords):
         return frozenset()
-    from hotfix.checkpointing.inputs import layer_call  # imports torch: only for a call from the wrapper
+    from hotfix.checkpointing.layer_call import layer_call  # imports torch: only for a call from the wrapper
     from hotfix.checkpointing.structure import is_tensor
 
     call = layer_call(call)

@@ -15,7 +15,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from hotfix.diagnostics.compare import compare_grads
-from hotfix.checkpointing.inputs import layer_call
+from hotfix.checkpointing.layer_call import layer_call
 from hotfix.checkpointing.outputs import FlatOutputs
 
 Stage = collections.namedtuple("Stage", "hidden extra")

@@ -232,3 +232,59 @@ def test_each_wrapper_shows_the_layer_and_what_it_wraps_never_a_call_to_remake()
             assert wrapper.__wrapped__ is wraps, name
         assert not hasattr(shown, "func") and not hasattr(shown, "keywords"), name
     assert not hasattr(FlatOutputs(torch.tanh), "__self__")  # no layer found: none shown, as on the call
+
+
+def test_each_wrapper_is_handed_the_callers_call_and_the_added_inputs_however_deep():
+    """A fix further in reads the caller's call and the inputs hotfix added from the wrapper it is handed (each
+    wrapper was handed them by the one it wraps when it was made): no stepping through the outer fixes' wrappers,
+    so no depth at which it stops.  Before, ``layer_call`` stepped through at most 8 ``__wrapped__`` and returned a
+    wrapper beyond that (the frozen-inputs fix then searched a wrapper for the partial's keyword tensors)."""
+    from hotfix.checkpointing.layer_call import inputs_added, layer_call
+
+    layer = Layer()
+    call = functools.partial(layer.__call__, context=torch.ones(4, requires_grad=True) * 2)
+    hidden = torch.ones(2, 4)
+    function, inputs, anchors = call, (hidden,), []
+    for depth in range(12):  # anchors and output flattening, alternating, as fixes stacked on each other add them
+        if depth % 2:
+            function = FlatOutputs(function)
+        else:
+            function, inputs = anchored(function, inputs)
+            anchors.append(inputs[-1])
+    assert layer_call(function) is call
+    assert inputs_added(function) == {id(anchor) for anchor in anchors}
+    assert function.__self__ is layer and layer_of(function) is layer
+    assert inputs_added(call) == set() and layer_call(call) is call  # a call no hotfix wrapper made
+    wrapped = wrapt.FunctionWrapper(FlatOutputs(call), lambda wrapped, instance, args, kwargs: wrapped(*args, **kwargs))
+    assert layer_call(wrapped) is call  # another library's wrapper around hotfix's: through its __wrapped__
+
+
+def test_the_frozen_inputs_fix_reads_what_the_lifting_fix_found_and_searches_the_call_no_more(monkeypatch):
+    """A frozen tower's call (no input needs grad): transformers-checkpoint-layer-io, outside, found that nothing
+    reaches the layer but the positional inputs (``hides_nothing``) and says so on the wrapper it hands on
+    (``nothing_hidden``); transformers-frozen-inputs reads it there instead of searching the inputs and the partial
+    for tensors needing grad again.  Alone (nobody told it), it searches.  Either way the layer gets its anchor and
+    every gradient equals the run without checkpointing.  Before, it searched behind the lifting fix too."""
+    from hotfix.checkpointing import structure
+
+    searched = []
+    search = structure.find_grad_tensors
+
+    def counted(value, found, seen):
+        searched.append(value)
+        return search(value, found, seen)
+
+    monkeypatch.setattr(structure, "find_grad_tensors", counted)  # what frozen-inputs binds when its wrapper is made
+    reentrant = functools.partial(checkpoint, use_reentrant=True)
+    _, reference = _grads("frozen-inputs")
+    counts = {}
+    for composed in ("lifting outside", "alone"):
+        function = wrapt.FunctionWrapper(reentrant, frozen_inputs.checkpoint_with_anchor(RecordingFix()))
+        if composed == "lifting outside":
+            function = wrapt.FunctionWrapper(function, layer_io.checkpoint_with_lifted_inputs(RecordingFix()))
+        searched.clear()
+        _, got = _grads("frozen-inputs", function)
+        counts[composed] = len(searched)
+        report = compare_grads(reference, got, rtol=1e-6)
+        assert report.ok and not report.missing and len(report.equal) == len(reference), (composed, report.summary())
+    assert counts["lifting outside"] == 0 and counts["alone"] > 0, counts
