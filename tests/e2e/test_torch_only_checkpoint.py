@@ -115,42 +115,34 @@ def test_the_watches_stand_until_the_first_checkpoint_and_then_go(first):
     assert disabled == {"standing": "_checkpoint_without_reentrant_generator", "own_apply": False}, disabled
 
 
-def test_import_hotfix_after_torch_takes_the_watches_away_before_the_fixes_attach():
-    """``import torch`` then ``import hotfix``: the fixes join torch's own generator and DDP keeps its own
-    ``__init__`` (with the watch still standing, the fixes' drift checks read the watch: every fix of torch's
-    checkpoint skipped, one line each)."""
-    probe = ("import json, torch, hotfix, torch.utils.checkpoint as c; "
-             "from torch.nn.parallel import DistributedDataParallel as D; from hotfix.junction import hooks_on; "
-             "g = c.__dict__['_checkpoint_without_reentrant_generator']; a = c.CheckpointFunction.__dict__['apply']; "
-             "print(json.dumps({'hooks': list(hooks_on(g)), 'under': g.__wrapped__.__qualname__, "
-             "'apply_hooks': list(hooks_on(a)), 'ddp_init': D.__init__.__qualname__}))")
-    seen, proc = _line(["-c", probe])
+#: the fixes joined torch's objects as hotfix's import found them, then hotfix.revert() and one checkpointed call of
+#: each kind: torch's own objects must stand after it
+ORDER_PROBE = (
+    "import sys; sys.argv[1] == 'hotfix' and __import__('hotfix'); "  # argv[1]: which is imported first
+    "import json, torch, hotfix, torch.utils.checkpoint as c; "
+    "from torch.nn.parallel import DistributedDataParallel as D; from hotfix.junction import hooks_on; "
+    "name = '_checkpoint_without_reentrant_generator'; g = c.__dict__[name]; "
+    "seen = {'hooks': list(hooks_on(g)), 'under': g.__wrapped__.__qualname__, "
+    "'apply_hooks': list(hooks_on(c.CheckpointFunction.__dict__.get('apply'))), 'ddp_init': D.__init__.__qualname__}; "
+    "seen['reverted'] = sorted(hotfix.revert()); x = torch.ones(2, requires_grad=True); "
+    "[c.checkpoint(torch.sin, x, use_reentrant=mode).sum().backward() for mode in (True, False)]; "
+    "seen['after'] = {'generator': c.__dict__[name].__qualname__, "
+    "'own_apply': 'apply' in c.CheckpointFunction.__dict__, 'ddp_init': D.__init__.__qualname__}; "
+    "print(json.dumps(seen))")
+
+
+@pytest.mark.parametrize("first", ["torch", "hotfix"])
+def test_import_hotfix_before_or_after_torch_the_fixes_join_torchs_own_and_a_revert_gives_them_back(first):
+    """``import torch`` then ``import hotfix``: the watches are taken away before the fixes join torch's own generator
+    and ``apply``, and DDP keeps its own ``__init__`` (with a watch still standing, the fixes' drift checks read the
+    watch: every fix of torch's checkpoint skipped, one line each).  ``import hotfix`` then ``import torch`` (hotfix
+    active before torch is there): no watch is put at all.  Until 2026-11-30 the start-up finder still watched
+    torch's objects there, over the fixes' junctions: a fix or every fix reverted came back at the first checkpointed
+    call (the watch's first call put back what it had found, the junction with every hook), and ``hotfix.revert()``
+    left torch's checkpoint running the fixes."""
+    seen, proc = _line(["-c", ORDER_PROBE, first])
     assert "skipped" not in proc.stderr, proc.stderr[-2000:]
     assert seen["under"] == "_checkpoint_without_reentrant_generator", seen
-    assert {"torch-checkpoint-rng-state", "torch-compile-recompute-graph", "moe-routing-replay"} <= set(seen["hooks"])
-    assert seen["ddp_init"] == "DistributedDataParallel.__init__", seen
-    assert "torch-checkpoint-rng-state" in seen["apply_hooks"], seen
-
-
-def test_import_hotfix_before_torch_puts_no_watch_and_a_revert_gives_torchs_own_back():
-    """``import hotfix`` then ``import torch`` (hotfix active before torch is there): the fixes join torch's own
-    objects when torch's import runs, and no watch is put over them.  Until 2026-11-30 the start-up finder still
-    watched torch's objects there, over the fixes' junctions: a fix or every fix reverted came back at the first
-    checkpointed call (the watch's first call put back what it had found, the junction with every hook), and
-    ``hotfix.revert()`` left torch's checkpoint running the fixes."""
-    probe = ("import json, hotfix, torch, torch.utils.checkpoint as c; "
-             "from torch.nn.parallel import DistributedDataParallel as D; from hotfix.junction import hooks_on; "
-             "name = '_checkpoint_without_reentrant_generator'; "
-             "seen = {'hooks': list(hooks_on(c.__dict__[name])), "
-             "'apply_hooks': list(hooks_on(c.CheckpointFunction.__dict__.get('apply'))), "
-             "'ddp_init': D.__init__.__qualname__}; "
-             "seen['reverted'] = sorted(hotfix.revert()); x = torch.ones(2, requires_grad=True); "
-             "[c.checkpoint(torch.sin, x, use_reentrant=mode).sum().backward() for mode in (True, False)]; "
-             "seen['after'] = {'generator': c.__dict__[name].__qualname__, "
-             "'own_apply': 'apply' in c.CheckpointFunction.__dict__, 'ddp_init': D.__init__.__qualname__}; "
-             "print(json.dumps(seen))")
-    seen, proc = _line(["-c", probe])
-    assert "skipped" not in proc.stderr, proc.stderr[-2000:]
     assert {"torch-checkpoint-rng-state", "torch-compile-recompute-graph", "moe-routing-replay"} <= set(seen["hooks"])
     assert "torch-checkpoint-rng-state" in seen["apply_hooks"], seen
     assert seen["ddp_init"] == "DistributedDataParallel.__init__", seen
