@@ -5,9 +5,11 @@ HOTFIX_DISABLE=1 (upstream behaviour: the failure must reproduce, or the test
 proves nothing) and with hotfix active through the installed .pth.  "equal"
 means every parameter gradient of the reentrant-checkpointed step matches a
 step without checkpointing within 1e-6 relative (hotfix.diagnostics.compare).
-The upstream half of a 4.x line is recorded (tests/evidence/, support/evidence.py:
+The upstream half of every release is recorded (tests/evidence/, support/evidence.py:
 keyed by the release, torch and the case's code; a quarter of the cells measured
-again at each commit, and every one where the key changed).
+again at each commit, and every one where the key changed); on 5.x the Whisper
+case through the default checkpointing is also measured, its loss compared with
+the hotfix child's (a float: never recorded).
 """
 
 from __future__ import annotations
@@ -77,8 +79,8 @@ def _cases(version):
     return cases
 
 
-def _run_cases(version, disabled):
-    args = ["-P", "-m", "hotfix_lab.cases.grad_case"] + _cases(version)
+def _run_cases(version, disabled, cases=None):
+    args = ["-P", "-m", "hotfix_lab.cases.grad_case"] + (cases or _cases(version))
     # WavLM upstream grows without bound (each layer's recomputation re-walks position_bias's history); a
     # tiny model's step grows by a few MiB, so 256 MiB stops the runaway in ~15 s instead of ~90 s.  One thread:
     # the upstream and the hotfix child of a release run side by side (_both), one core each.
@@ -103,13 +105,15 @@ def _facts(results):
 
 
 def _upstream(version):
-    """Upstream's half of a release: recorded (tests/support/evidence.py) on the 4.x lines, whose tests read its
-    verdicts only; measured on 5.x, whose Whisper test compares its loss with the hotfix child's."""
-    if _line(version) == "5.x":
-        return _run_cases(version, True)
+    """Upstream's half of a release: recorded (tests/support/evidence.py), whose verdicts the tests read; on 5.x
+    the Whisper case through the default checkpointing measured beside it, whose loss the 5.x test compares with
+    the hotfix child's (one case in a child of its own, not the nine)."""
     parts = {"transformers": version, "torch": installed("torch"), "cases": _cases(version)}
-    return evidence.upstream("transformers-checkpoint-layer-io", version, parts, GUARDS,
-                             lambda: _run_cases(version, True), _facts)
+    results = evidence.upstream("transformers-checkpoint-layer-io", version, parts, GUARDS,
+                                lambda: _run_cases(version, True), _facts)
+    if _line(version) == "5.x":
+        results = dict(results, **_run_cases(version, True, [WHISPER_DEFAULT]))
+    return results
 
 
 @functools.lru_cache(maxsize=None)
