@@ -5,9 +5,9 @@ A checkpoint function is handed the layer's call: a bound ``layer.__call__`` / `
 ``custom_forward(module)`` closure.  :func:`modules_called` is the one lookup of the modules behind such a
 call, for every fix that needs the layer (frozen inputs, DDP, the forks' checkpoints, the wrappers below):
 breadth first, nearest first and never into a module, through partials (the modules among their bound
-arguments, then their function), hotfix's wrappers (the call they were handed), ``__self__`` (bound methods),
-``__wrapped__`` chains and closure cells (a module, a callable, or a tuple / list of modules: a sequence's segment
-runner).  :func:`layer_of` is the nearest of them.
+arguments, then their function), ``__self__`` (bound methods; hotfix's wrappers: the nearest layer of the call
+they were handed), ``__wrapped__`` chains and closure cells (a module, a callable, or a tuple / list of modules: a
+sequence's segment runner).  :func:`layer_of` is the nearest of them.
 
 hotfix's fixes hand the checkpoint function their own wrapper of the call instead (``FlatOutputs``,
 ``SharedStateWrites``; the lifting, anchor and DDP closures, each in a :class:`ShownCall`), and third-party
@@ -52,9 +52,6 @@ def _modules(function: Any, sequences: Optional[set] = None) -> Iterator[nn.Modu
         if isinstance(item, functools.partial):
             pending.extend(arg for arg in item.args if isinstance(arg, nn.Module))  # 5.x: partial(forward, layer)
             pending.append(item.func)
-            continue
-        if isinstance(item, LayerCallWrapper):  # hotfix's wrapper: the caller's call it was handed at its making
-            pending.append(item.shown)
             continue
         owner = getattr(item, "__self__", None)  # bound layer.__call__ / super().__call__, a hotfix wrapper
         if isinstance(owner, nn.Module):
