@@ -57,7 +57,7 @@ def checkpoint_with_anchor(fix: CheckpointFunctionFix) -> Callable:
                 find_grad_tensors(call.keywords, found, seen)
             if found:  # the checkpoint node exists (or the keyword fix's case): leave it
                 return wrapped(*args, **kwargs)
-        layer = layer_of(call)
+        layer = layer_of(function if isinstance(function, LayerCallWrapper) else call)  # a wrapper's: handed on
         if layer is None or not layer.training or not any(p.requires_grad for p in layer.parameters()):
             return wrapped(*args, **kwargs)
 

@@ -92,12 +92,17 @@ def modules_maybe_called(function: Any) -> Tuple[List[nn.Module], List[nn.Module
 
 
 def layer_of(function: Any) -> Optional[nn.Module]:
-    """The layer whose call ``function`` is (the nearest module :func:`modules_called` finds), or None."""
+    """The layer whose call ``function`` is (the nearest module :func:`modules_called` finds), or None; a hotfix
+    wrapper's, looked up once per call (:attr:`LayerCallWrapper.shown_layer`)."""
+    if isinstance(function, LayerCallWrapper):
+        return function.shown_layer
     return next(_modules(function), None)
 
 
 #: what a wrapper of a call that added no input holds as ``added_inputs``
 NOTHING_ADDED: frozenset = frozenset()
+#: a wrapper's layer not looked up yet
+_NOT_LOOKED_UP = object()
 
 
 def layer_call(function: Any) -> Any:
@@ -121,11 +126,12 @@ class LayerCallWrapper:
     through another's wrappers to read them: ``shown``, the call the outermost of them was handed (the caller's:
     :func:`layer_call`, ``__self__``), and ``added_inputs``, the ids of the inputs hotfix's rewrites of it put beside
     the caller's (:func:`inputs_added`).
-    The layer (``__self__``) is looked up when read, not when a wrapper is made: most checkpointed calls are never
-    asked.
+    The layer (:attr:`shown_layer`, ``__self__``) is looked up when first read, not when a wrapper is made (most
+    checkpointed calls are never asked), and handed on with the rest to a wrapper made of this one after that: one
+    lookup per call where two fixes ask (frozen-inputs' anchor, then the DDP fix).
     """
 
-    __slots__ = ("__wrapped__", "shown", "added_inputs")
+    __slots__ = ("__wrapped__", "shown", "added_inputs", "_found_layer")
     #: True where the fix that made the wrapper found that nothing reaches the layer but the positional inputs handed
     #: with it (``structure.hides_nothing``): a fix further in need not search the call for tensors needing grad
     nothing_hidden = False
@@ -133,14 +139,22 @@ class LayerCallWrapper:
     def _wrap(self, function: Callable, added: Tuple[Any, ...] = ()) -> None:
         self.__wrapped__ = function
         if isinstance(function, LayerCallWrapper):
-            self.shown, inner = function.shown, function.added_inputs
+            self.shown, inner, self._found_layer = function.shown, function.added_inputs, function._found_layer
         else:
-            self.shown, inner = function, NOTHING_ADDED
+            self.shown, inner, self._found_layer = function, NOTHING_ADDED, _NOT_LOOKED_UP
         self.added_inputs = inner.union(map(id, added)) if added else inner
 
     @property
+    def shown_layer(self) -> Optional[nn.Module]:
+        """The nearest layer of the caller's call (:func:`layer_of` of ``shown``), or None."""
+        layer = self._found_layer
+        if layer is _NOT_LOOKED_UP:
+            layer = self._found_layer = layer_of(self.shown)
+        return layer
+
+    @property
     def __self__(self) -> nn.Module:
-        layer = layer_of(self.shown)
+        layer = self.shown_layer
         if layer is None:
             raise AttributeError("__self__")  # as on a call that shows no layer
         return layer
