@@ -17,6 +17,7 @@ non-reentrant call: the original call.  docs/fixes/transformers-checkpoint-layer
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Optional
 
 from hotfix import Lost, Mechanism
@@ -59,8 +60,9 @@ def checkpoint_with_lifted_inputs(fix: CheckpointFunctionFix) -> Callable:
             return wrapped(*args, **kwargs)
         function, inputs = args[0], args[1:]
         writes = None
-        nothing_hidden = hides_nothing(function, inputs)  # handed down: the frozen-inputs fix need not look again
-        if not nothing_hidden:
+        # handed down: where nothing needing grad hides from the checkpoint, frozen-inputs need not look again
+        no_hidden_grad = hides_nothing(function, inputs)
+        if not no_hidden_grad:
             packed = packed_upstream(wrapped, function)  # torch's checkpoint_wrapper made these inputs itself
             watched = SharedStateWrites.around(function, inputs, warn=fix.warn_once)
             if watched is UNSAFE:  # a mapping without a private copy: the call as upstream makes it (said once)
@@ -77,8 +79,10 @@ def checkpoint_with_lifted_inputs(fix: CheckpointFunctionFix) -> Callable:
                     fix.repaired("tensors passed by keyword became checkpoint inputs")
                 if not first_input_needs_grad(inputs) and first_input.needs_grad_first():
                     function, inputs = anchored(function, inputs, first=True)
+            elif isinstance(function, functools.partial):  # searched (bound values, nested inputs), none needs grad
+                no_hidden_grad = True
         outputs = FlatOutputs(function, writes, notice=None if unused_claimed else notice_unused_outputs,
-                              nothing_hidden=nothing_hidden)
+                              no_hidden_grad=no_hidden_grad)
         result = wrapped(outputs, *inputs, **kwargs)
         # one tensor back from a layer that nests nothing (the usual call): no outputs to watch, nothing to rebuild
         # (a nested output comes back as a tuple, or bare from a checkpoint that unwraps a tuple of one: rebuilt)

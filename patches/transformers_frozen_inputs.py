@@ -46,9 +46,9 @@ def checkpoint_with_anchor(fix: CheckpointFunctionFix) -> Callable:
             return wrapped(*args, **kwargs)
         function, inputs = args[0], args[1:]
         call = layer_call(function)  # the partial itself, as handed down where another fix wrapped it
-        # Where the fix outside found nothing reaching the layer but these inputs (its wrapper says so), none of which
-        # needs grad (above), nothing is left to search
-        if not (isinstance(function, LayerCallWrapper) and function.nothing_hidden):
+        # Where the fix outside found no tensor needing grad reaching the layer but these inputs (its wrapper says so),
+        # none of which needs grad (above), nothing is left to search
+        if not (isinstance(function, LayerCallWrapper) and function.no_hidden_grad):
             found: list = []
             seen: set = set()
             find_grad_tensors(inputs, found, seen)

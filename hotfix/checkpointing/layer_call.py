@@ -132,9 +132,10 @@ class LayerCallWrapper:
     """
 
     __slots__ = ("__wrapped__", "shown", "added_inputs", "_found_layer")
-    #: True where the fix that made the wrapper found that nothing reaches the layer but the positional inputs handed
-    #: with it (``structure.hides_nothing``): a fix further in need not search the call for tensors needing grad
-    nothing_hidden = False
+    #: True where the fix that made the wrapper found no tensor needing grad reaching the layer but the top-level
+    #: positional inputs handed with it (``structure.hides_nothing``, or its search of the partial found none): a fix
+    #: further in need not search the call for tensors needing grad
+    no_hidden_grad = False
 
     def _wrap(self, function: Callable, added: Tuple[Any, ...] = ()) -> None:
         self.__wrapped__ = function

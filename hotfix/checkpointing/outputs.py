@@ -112,18 +112,19 @@ class FlatOutputs(LayerCallWrapper):
     ``writes``: the watcher of the same call, whose stored tensors become outputs too.
     ``notice``: called (at the end of that backward) when detaching an unused output left a parameter
     without the zero gradient upstream gives it; None: not asked.
-    ``nothing_hidden``: the maker found that nothing reaches the layer but the positional inputs handed with it.
+    ``no_hidden_grad``: the maker found no tensor needing grad reaching the layer but the top-level positional inputs
+    handed with it.
     """
 
     # slots: one is made per checkpointed call (the common call pays for its making, tools/hotfix_lab/bench/wrapper_cost.py);
     # ``__dict__`` made only where a checkpoint function sets an attribute of its own on the function it is handed
-    __slots__ = ("_writes", "_notice", "_skeleton", "_replay", "_unused", "nested", "nothing_hidden", "__weakref__",
+    __slots__ = ("_writes", "_notice", "_skeleton", "_replay", "_unused", "nested", "no_hidden_grad", "__weakref__",
                  "__dict__")
 
     def __init__(self, function: Callable, writes: Optional[Any] = None,
-                 notice: Optional[Callable[[], None]] = None, nothing_hidden: bool = False) -> None:
+                 notice: Optional[Callable[[], None]] = None, no_hidden_grad: bool = False) -> None:
         self._wrap(function)  # what the layer call is (checkpoint functions look through us; fixes read ``shown``)
-        self.nothing_hidden = nothing_hidden
+        self.no_hidden_grad = no_hidden_grad
         self._writes = writes
         self._notice = notice
         self._skeleton: Any = None

@@ -165,7 +165,8 @@ RELYING_ON_THE_BACKWARD = (*SLOT_FIXES, unsloth_zoo_closure_tensors.UnslothZooCl
 @pytest.mark.parametrize("relying", RELYING_ON_THE_BACKWARD, ids=lambda cls: cls.name)
 def test_an_added_input_goes_behind_an_anchor_unless_the_offload_fix_put_its_backward_in_place(relying, monkeypatch):
     """An affected release's own backward (unsloth-zoo-offload-backward not applied) returns one gradient behind a
-    frozen first input: what a fix adds goes behind a 0-byte anchor.  The fix's backward in place: no anchor."""
+    frozen first input: what a fix adds goes behind a 0-byte anchor.  The fix's backward in place: no anchor.  The
+    rule is a fact of the backward in place, not of a call: decided once per backward object, however often asked."""
     release = types.ModuleType(unsloth.MODULE)
 
     class UnslothCheckpointFunction(torch.autograd.Function):
@@ -175,15 +176,19 @@ def test_an_added_input_goes_behind_an_anchor_unless_the_offload_fix_put_its_bac
 
     release.UnslothCheckpointFunction = UnslothCheckpointFunction
     monkeypatch.setitem(sys.modules, unsloth.MODULE, release)
-    monkeypatch.setattr(unsloth, "check_range", lambda ranges: types.SimpleNamespace(applies=True))  # an affected release
+    decided = []
+    monkeypatch.setattr(unsloth, "check_range",  # an affected release
+                        lambda ranges: decided.append(ranges) or types.SimpleNamespace(applies=True))
     fix, offload = relying(), unsloth_zoo_offload_backward.UnslothZooOffloadBackward()
     relations.bind({fix.name: fix, offload.name: offload})
     rule = unsloth.FirstInputRule(fix)
-    assert rule.needs_grad_first()  # the release's own backward
+    assert all(rule.needs_grad_first() for _ in range(3))  # the release's own backward
     offload.replace(UnslothCheckpointFunction, "backward", staticmethod(lambda ctx, *grads: grads))
-    assert not rule.needs_grad_first()  # the offload fix's, which returns every gradient
+    assert not any(rule.needs_grad_first() for _ in range(3))  # the offload fix's, which returns every gradient
     offload.revert()
-    assert rule.needs_grad_first()
+    assert rule.needs_grad_first() and rule.needs_grad_first()
+    # the release's range read once per time its own backward stands (the fix's is decided without it), not per ask
+    assert len(decided) == 2
 
 
 # --------------------------------------------------------------------------- routing -> the reentrant repairs
