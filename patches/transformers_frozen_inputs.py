@@ -45,10 +45,11 @@ def checkpoint_with_anchor(fix: CheckpointFunctionFix) -> Callable:
         if not args or not is_grad_enabled() or not is_reentrant(wrapped, kwargs):
             return wrapped(*args, **kwargs)
         function, inputs = args[0], args[1:]
-        call = layer_call(function)  # the partial itself, as handed down where another fix wrapped it
+        handed = isinstance(function, LayerCallWrapper)  # another fix wrapped the call: it hands down what it knows
         # Where the fix outside found no tensor needing grad reaching the layer but these inputs (its wrapper says so),
         # none of which needs grad (above), nothing is left to search
-        if not (isinstance(function, LayerCallWrapper) and function.no_hidden_grad):
+        if not (handed and function.no_hidden_grad):
+            call = layer_call(function)  # the partial itself, as handed down where another fix wrapped it
             found: list = []
             seen: set = set()
             find_grad_tensors(inputs, found, seen)
@@ -57,7 +58,7 @@ def checkpoint_with_anchor(fix: CheckpointFunctionFix) -> Callable:
                 find_grad_tensors(call.keywords, found, seen)
             if found:  # the checkpoint node exists (or the keyword fix's case): leave it
                 return wrapped(*args, **kwargs)
-        layer = layer_of(function if isinstance(function, LayerCallWrapper) else call)  # a wrapper's: handed on
+        layer = layer_of(function if handed else call)  # a wrapper's: looked up once, handed on (else: searched above)
         if layer is None or not layer.training or not any(p.requires_grad for p in layer.parameters()):
             return wrapped(*args, **kwargs)
 
