@@ -90,7 +90,7 @@ print(json.dumps(out))
 
 #: a fork's release in the matrix, for the fixes of its checkpointer; a release holds one of the fix's
 #: alternative targets (the module moved between releases): the first, today's layout
-FORKS = {"llamafactory": "0.9.5", "axolotl": "0.19.0"}
+FORKS = {"llamafactory": "0.9.5", "axolotl": "0.21.0"}
 #: a release in a fix's range of a distribution the test venv lacks (gated on it, the fix applies only beside it)
 BESIDE = {"deepspeed": "0.19.2"}
 

@@ -10,7 +10,7 @@ one).  Cases: PEFT LoRA and full fine-tuning of a tiny Llama; a trainable parame
 checkpointed layer and a module outside that the forward never uses; gradient accumulation
 (``no_sync``); ``static_graph=True``; Whisper + LoRA without the input hook (the other transformers
 fixes act on the same calls); unsloth-zoo's ``UnslothCheckpointFunction`` (2026.10.9, on CPU, with
-unsloth's own swap); LlamaFactory's (0.9.5: ``use_unsloth_gc`` and its default) and axolotl's (0.19.0: ``offload``)
+unsloth's own swap); LlamaFactory's (0.9.5: ``use_unsloth_gc`` and its default) and axolotl's (0.21.0: ``offload``)
 checkpoint functions, turned on as each fork does (code only, loaded on CPU: hotfix_lab.infra.fork_loader; their calls go
 through transformers' checkpoint function); transformers' Trainer over the LoRA model, which picks
 ``find_unused_parameters=True`` for a PEFT model itself (3 steps against the same Trainer without
@@ -29,7 +29,7 @@ FIND_UNUSED = "Expected to mark a variable ready only once"
 ZOO = "2026.10.9"  # the latest release the matrix holds: its own backward returns every input's gradient
 #: the forks' checkpoint functions, turned on as each fork does (hotfix_lab.infra.fork_loader): LlamaFactory's before
 #: unsloth's swap (its default wraps torch's checkpoint), axolotl's last (it replaces transformers' checkpoint)
-FORKS = {"llamafactory": "0.9.5", "axolotl": "0.19.0"}
+FORKS = {"llamafactory": "0.9.5", "axolotl": "0.21.0"}
 FORK_CASES = ["fork:llamafactory-unsloth:lora", "fork:llamafactory-torch:lora", "fork:llamafactory-unsloth:full"]
 AXOLOTL_CASES = ["fork:axolotl-offload:lora", "fork:axolotl-offload:full"]
 CASES = ["lora", "full", "lora+unused", "lora+no_sync", "lora+static_graph", "whisper-lora", "trainer-lora",

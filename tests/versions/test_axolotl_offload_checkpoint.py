@@ -3,9 +3,10 @@
 tools/hotfix_lab/cases/fork_cases.py in a fresh interpreter: the release's real ``monkeypatch/gradient_checkpointing/``
 loaded by fork_loader (its package stubbed), its wrapper set as ``transformers.modeling_utils.checkpoint`` as
 axolotl does (``gradient_checkpointing: offload``, ``offload_disk``), one step without checkpointing and one
-with, every gradient compared (1e-6).  0.19.0 (latest) and 0.14.0 (the last whose host copy unpacks
-``(output,) = ...``) with transformers 5.0.0 (0.14.0's pin; 0.19.0 pins 5.16.1, whose layers call the checkpoint
-as 5.0.0's do, where 5.23.0's no longer show axolotl's wrapper a bound layer call): each defect reproduces
+with, every gradient compared (1e-6).  0.21.0 (latest; it asks Python >= 3.12, its checkpointing files run on 3.11)
+and 0.14.0 (the last whose host copy unpacks ``(output,) = ...``) with transformers 5.0.0 (0.14.0's pin; 0.21.0 pins
+5.20.1, whose layers call the checkpoint as 5.0.0's do: the fork census runs each release on its pin, where 5.23.0's
+no longer show axolotl's wrapper a bound layer call): each defect reproduces
 upstream (HOTFIX_DISABLE=1), then with hotfix activated in the same process every case is equal.  Hotfix with
 this fix opted out leaves axolotl's wrapper as upstream has it; axolotl's module importing transformers first
 gets the fix once its import finished.  Every release on PyPI: the stored rows (docs/census/forks/)
@@ -22,7 +23,7 @@ from conftest import REPO, json_lines, matrix_path, repair_notices, run_python
 
 FIX = "axolotl-offload-checkpoint"
 #: release -> the transformers it runs with (in tests/matrix.txt)
-RELEASES = {"0.19.0": "5.0.0", "0.14.0": "5.0.0"}
+RELEASES = {"0.21.0": "5.0.0", "0.14.0": "5.0.0"}
 BACKWARD_TWICE = "Trying to backward through the graph a second time"
 
 
@@ -69,7 +70,7 @@ def test_offload_broken_upstream_equal_with_hotfix(release):
 
 
 def test_offload_disk_broken_upstream_equal_with_hotfix():
-    results, _ = _cases("0.19.0", "axolotl-offload-disk", ["plain", "keyword", "output-with-none"],
+    results, _ = _cases("0.21.0", "axolotl-offload-disk", ["plain", "keyword", "output-with-none"],
                         then=["keyword", "output-with-none", "several-outputs"])
     _equal(results[("upstream", "plain")])
     assert BACKWARD_TWICE in results[("upstream", "keyword")]["error"]
@@ -82,7 +83,7 @@ def test_hotfix_without_this_fix_leaves_axolotls_wrapper_as_upstream():
     """This fix opted out: hotfix's transformers fixes step aside for axolotl's own wrapper (hotfix.relations), so
     every case runs as upstream does: what the copy was written for trains equal, the keyword case fails as it
     does upstream.  It crashed every run before ("'FlatOutputs' object has no attribute 'func'")."""
-    results, proc = _cases("0.19.0", "axolotl-offload", ["plain", "keyword"], env={"HOTFIX_DISABLED_PATCHES": FIX})
+    results, proc = _cases("0.21.0", "axolotl-offload", ["plain", "keyword"], env={"HOTFIX_DISABLED_PATCHES": FIX})
     _equal(results[("hotfix", "plain")])
     assert BACKWARD_TWICE in results[("hotfix", "keyword")]["error"]
     assert "has no attribute 'func'" not in proc.stdout + proc.stderr
@@ -109,7 +110,7 @@ def test_axolotls_module_importing_transformers_first_gets_this_fix_once_its_imp
     activates hotfix while that module is half made.  The fix used to be applied right then ("skipped: ... none
     of hf_grad_checkpoint_offload_wrapper, ... is there") and every run crashed.  Now it waits for that import to
     finish: applied, every case equal."""
-    path = [matrix_path("axolotl", "0.19.0"), matrix_path("transformers", RELEASES["0.19.0"])]
+    path = [matrix_path("axolotl", "0.21.0"), matrix_path("transformers", RELEASES["0.21.0"])]
     proc = run_python(["-c", AXOLOTL_FIRST], pythonpath=path, timeout=300)
     found = json_lines(proc.stdout)
     assert found == [{"applied": ["axolotl.monkeypatch.gradient_checkpointing"], "error": None, "plain": "equal",

@@ -98,6 +98,7 @@ def _axolotl_stubs(root: str) -> None:
     sys.modules[log.__name__] = log
     sys.modules["axolotl.utils"].logging = log
     _bare("axolotl.monkeypatch", os.path.join(package, "monkeypatch"))
+    _bare("axolotl.kernels", os.path.join(package, "kernels"))  # 0.21+: its AMP decorators, from kernels.utils
 
 
 def load(fork: str) -> types.ModuleType:

@@ -40,6 +40,9 @@ class Needs:
     build_env: Mapping[str, str] = field(default_factory=dict)
     #: (major, minor) line -> requirements its install needs first, into the same folder (--no-deps leaves them out)
     pins: Mapping[Tuple[int, int], Tuple[str, ...]] = field(default_factory=dict)
+    #: install where the release's metadata asks a newer Python than the lab's: only for files the lab loads by path
+    #: that run on its Python (axolotl 0.20+ asks >= 3.12; its checkpointing files parse and run on 3.11)
+    any_python: bool = False
 
 
 #: what a beside-venv install never puts in its folder in another version: the packages whose version is what the
@@ -56,6 +59,8 @@ NEEDS: Dict[str, Needs] = {
     # PyPI has DeepSpeed as an sdist only: built without its C++ ops (its CPU accelerator needs none); the 0.10
     # line's setup.py imports deepspeed, whose config code is pydantic 1's (0.10 requires pydantic<2.0.0)
     "deepspeed": Needs(build_env={"DS_BUILD_OPS": "0"}, pins={(0, 10): ("pydantic<2.0.0",)}),
+    # tools/hotfix_lab/infra/fork_loader.py loads its checkpointing package alone
+    "axolotl": Needs(any_python=True),
 }
 #: what runs only beside one torch, by its line: PyPI's torchvision is built for one torch release (none exists for
 #: the test venv's CPU torch 2.13.0), and timm and open_clip import it.  Into .matrix/timm-torch<line> with the
@@ -83,7 +88,7 @@ def install(name: str, version: str) -> Path:
     spec = f"{DISTRIBUTION.get(name, name)}=={version}"
     print(f"installing {spec} into {folder.relative_to(REPO)}", flush=True)
     pip = [sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--target", str(folder),
-           *([] if needs.dependencies else ["--no-deps"])]
+           *([] if needs.dependencies else ["--no-deps"]), *(["--ignore-requires-python"] if needs.any_python else [])]
     env = dict(os.environ)
     line = tuple(int(part) for part in version.split(".")[:2])
     if needs.pins.get(line):
