@@ -34,6 +34,7 @@ from typing import Dict, List, Optional, Tuple
 from packaging.version import Version
 
 from hotfix_lab.census import runner
+from hotfix_lab.census.cells import state
 from hotfix_lab.census.runner import install
 from hotfix_lab.census.side import SideCensus
 from hotfix_lab.infra.paths import TOOLS
@@ -138,15 +139,10 @@ def _broken(verdict: str) -> bool:
 
 
 def _cell(rows: List[Dict], phase: str) -> str:
-    measured = [r for r in rows if r["phase"] == phase]
-    if not measured:  # no row: never "n/a", which says the release has no such function
-        return "not measured"
-    mine = [r for r in measured if r["verdict"] != "n/a"]
-    if not mine:
-        return "n/a"
-    if any(r["verdict"] == "error" for r in mine):
-        return "error"
-    return "broken" if any(_broken(r["verdict"]) for r in mine) else "fine"
+    """The census's word for a phase's rows (``cells.state``); no row is "not measured", never "n/a" (which says
+    the release has no such function)."""
+    word = state(r["verdict"] for r in rows if r["phase"] == phase)
+    return "not measured" if word == "–" else word
 
 
 def gate_problems(rows: List[Dict]) -> List[str]:
